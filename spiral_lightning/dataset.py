@@ -1,0 +1,165 @@
+"""TableDataset: a torch IterableDataset over an exact table version, sharded and resumable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import torch.distributed
+from torch.utils.data import IterableDataset, get_worker_info
+
+from spiral_lightning.frames import LAST_MODES, Last, read_frames, start_of
+from spiral_lightning.sources import Source, open_source
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.state import Cursor, State
+from spiral_lightning.tensors import to_torch
+from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
+
+
+class TableDataset(IterableDataset[Any]):
+    """The rows of one table version, each consumer reading only its own work list.
+
+    A consumer is a DataLoader worker on one rank; ``policy`` gives its work list, by default
+    ``stripe``. Each consumer cuts its rows into frames of ``batch_size`` rows (read batches as
+    they come when ``None``); ``last`` decides the rows after its last full frame. ``collate``
+    turns each frame into what the dataset yields: tensors by default, the Arrow batch when
+    ``None``. Use it with ``DataLoader(batch_size=None)``; workers need
+    ``multiprocessing_context="forkserver"`` or ``"spawn"`` once the parent has read a table.
+
+    Rank and world size come from the arguments, else from ``torch.distributed`` when it is
+    initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
+    source opens in the process that iterates, and only the spec and the settings are pickled.
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
+    a cursor into the consumer's work list, and a restored dataset opens its item at the cursor's
+    stored row, skipping only rows inside that read, so a resume costs the same anywhere in the
+    epoch. A restored dataset continues the epoch it was saved in.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        batch_size: int | None = None,
+        last: Last = "keep_partial",
+        policy: Policy = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+    ) -> None:
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass rank and world_size together, or neither")
+        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self.rank = 0 if rank is None else rank
+        self.world_size = 1 if world_size is None else world_size
+        Shard(self.rank, self.world_size).check()
+        self.spec = as_spec(spec).resolve()
+        self.batch_size = batch_size
+        self.last: Last = last
+        self.policy = policy
+        self.collate = collate
+        self.epoch = 0
+        self._resume: State | None = None
+        self._cursor: Cursor | None = None
+        self._work: str | None = None
+        self._rows: int | None = None
+        self._source: Source | None = None
+        self._source_pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_source"] = None
+        state["_source_pid"] = None
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        if epoch != self.epoch:
+            self._rows = None
+        self.epoch = epoch
+
+    def source(self) -> Source:
+        """The table version opened in this process (opened on first use)."""
+        pid = os.getpid()
+        if self._source is None or self._source_pid != pid:
+            self._source = open_source(self.spec)
+            self._source_pid = pid
+        return self._source
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        info = get_worker_info()
+        if info is None:
+            return Shard(self.rank, self.world_size)
+        return Shard(self.rank, self.world_size, info.id, info.num_workers)
+
+    def work(self, shard: Shard | None = None) -> list[WorkItem]:
+        """The work list the policy gives ``shard`` (this process's consumer) in this epoch."""
+        source = self.source()
+        return self.policy(source.splits, shard or self.shard(), self.epoch)
+
+    def __len__(self) -> int:
+        """The exact rows this rank reads over all its workers, counted once per epoch from the
+        rank's one-worker work list, reading only the filter's columns."""
+        if self._rows is None:
+            source = self.source()
+            self._rows = sum(source.count(self.work(Shard(self.rank, self.world_size))))
+        return self._rows
+
+    def _state(self, shard: Shard) -> State:
+        return State(
+            version=self.spec.version,
+            shard=shard,
+            batch_size=self.batch_size,
+            epoch=self.epoch,
+            policy=policy_name(self.policy),
+            work=self._work,
+            cursor=self._cursor,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's cursor and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            return self._resume.to_dict()
+        return self._state(self.shard()).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size
+        and policy; ``ValueError`` naming each setting that differs otherwise."""
+        saved = State.from_dict(state)
+        saved.check_matches(self._state(self.shard()))
+        self._resume = saved
+        self.epoch = saved.epoch
+        self._rows = None
+
+    def __iter__(self) -> Iterator[Any]:
+        source = self.source()
+        shard = self.shard()
+        items = self.policy(source.splits, shard, self.epoch)
+        work = fingerprint(items)
+        resume, self._resume = self._resume, None
+        cursor = start_of(items)
+        if resume is not None and resume.cursor is not None:
+            if resume.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
+                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch"
+                )
+            cursor = resume.cursor
+        self._work = work
+        self._cursor = cursor
+        for frame, after in read_frames(source, items, cursor, self.batch_size, self.last):
+            self._cursor = after
+            yield frame if self.collate is None else self.collate(frame)

@@ -1,0 +1,49 @@
+"""The Source protocol: one opened table version in one process, and the reads it offers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import pyarrow as pa
+
+from spiral_lightning.work import Split, WorkItem
+
+#: One read batch of a work list: the rows, the index of their item in the list, and the stored
+#: row after them, from which that item resumes without reading a row twice.
+ReadBatch = tuple[pa.RecordBatch, int, int]
+
+
+class Source(Protocol):
+    """An exact table version opened in the process that reads it, with its scan options applied.
+
+    Split indexes belong to the source: with a filter a backend may prune splits, so a plan, its
+    counts and its reads all come from one source.
+    """
+
+    @property
+    def version(self) -> str:
+        """The exact version every read of this source returns."""
+        ...
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of the rows the reads return (the selected columns)."""
+        ...
+
+    @property
+    def splits(self) -> Sequence[Split]:
+        """The plan: every split, in stored order."""
+        ...
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        """The rows of ``items`` after the filter, item after item, each in stored order."""
+        ...
+
+    def count(self, items: Sequence[WorkItem]) -> list[int]:
+        """The exact rows each item returns after the filter, reading only the filter's columns."""
+        ...
+
+    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
+        """Rows of ``split`` by position (the ``p``-th row the split returns), in request order."""
+        ...

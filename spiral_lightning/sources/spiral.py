@@ -1,0 +1,250 @@
+"""The Spiral backend: exact versions of Spiral tables through spiral-sdk.
+
+Local tables live in a folder (``spiral:<root>``) whose ids sit in ``IDS_FILE`` beside the table;
+remote tables are addressed as ``spiral://<project>/<path>[@v<version>]`` and resolved once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import parse_qs
+
+import pyarrow as pa
+import spiral
+
+from spiral_lightning.sources.protocol import ReadBatch
+from spiral_lightning.spec import TableSpec
+from spiral_lightning.work import Split, WorkItem
+
+#: The file in a local table's root that names its resource and version ids.
+IDS_FILE = "spiral-lightning.json"
+
+#: Arrow input batches must stay under spiral-sdk's bounds of 1,000,000 rows and 64 MiB.
+_MAX_BATCH_ROWS = 1_000_000
+_MAX_BATCH_BYTES = 32 << 20
+
+_REMOTE = "spiral://"
+_LOCAL = "spiral:"
+
+
+class SpiralLocation(NamedTuple):
+    """Where a Spiral table lives: a local ``root`` or a remote ``project`` and ``path``, and its
+    ids when known (``None`` until resolved)."""
+
+    root: str | None
+    project: str | None
+    path: str | None
+    resource_id: str | None
+    version_id: str | None
+
+    @property
+    def resolved(self) -> bool:
+        return self.resource_id is not None and self.version_id is not None
+
+
+def parse(uri: str) -> SpiralLocation:
+    """The location a ``spiral:`` uri names; ``ValueError`` naming the fault otherwise."""
+    if uri.startswith(_REMOTE):
+        rest, _, query = uri[len(_REMOTE) :].partition("?")
+        project, _, path = rest.partition("/")
+        if not project or not path:
+            raise ValueError(f"a remote Spiral uri looks like 'spiral://<project>/<path>[@v<version>]', not {uri!r}")
+        ids = _ids(uri, query)
+        return SpiralLocation(None, project, path, *ids)
+    if not uri.startswith(_LOCAL):
+        raise ValueError(f"{uri!r} is not a Spiral uri")
+    root, _, query = uri[len(_LOCAL) :].partition("?")
+    if not root:
+        raise ValueError(f"a local Spiral uri looks like 'spiral:<root folder>', not {uri!r}")
+    return SpiralLocation(root, None, None, *_ids(uri, query))
+
+
+def _ids(uri: str, query: str) -> tuple[str | None, str | None]:
+    if not query:
+        return None, None
+    try:
+        fields = parse_qs(query, strict_parsing=True)
+    except ValueError as error:
+        raise ValueError(f"cannot read the query of {uri!r}: {error}") from error
+    unknown = sorted(set(fields) - {"resource_id", "version_id"})
+    if unknown:
+        raise ValueError(f"{uri!r} has unknown query fields {unknown}; only resource_id and version_id are read")
+    if set(fields) != {"resource_id", "version_id"} or any(len(v) != 1 for v in fields.values()):
+        raise ValueError(f"{uri!r} must give both resource_id and version_id, once each")
+    return fields["resource_id"][0], fields["version_id"][0]
+
+
+def _format(location: SpiralLocation, resource_id: str, version_id: str) -> str:
+    query = f"?resource_id={resource_id}&version_id={version_id}"
+    if location.root is not None:
+        return f"{_LOCAL}{location.root}{query}"
+    address = location.path or ""
+    return f"{_REMOTE}{location.project}/{address.split('@', 1)[0]}{query}"
+
+
+def resolve(uri: str) -> str:
+    """``uri`` with the exact ids of the version it names."""
+    location = parse(uri)
+    if location.resolved:
+        return uri
+    if location.root is not None:
+        resource_id, version_id = _read_ids(Path(location.root))
+    else:
+        table = spiral.Client().table(location.project or "", location.path or "")
+        resource_id, version_id = table.resource_id, table.version_id
+    return _format(location, resource_id, version_id)
+
+
+def version(uri: str) -> str:
+    location = parse(uri)
+    if not location.resolved:
+        raise ValueError(f"{uri!r} names no exact version yet; call TableSpec.resolve() first")
+    return f"{location.resource_id}@{location.version_id}"
+
+
+def _read_ids(root: Path) -> tuple[str, str]:
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"no Spiral table at {str(root)!r}: the folder does not exist; "
+            f"create one with write_table('spiral:{root}', data)"
+        )
+    ids_path = root / IDS_FILE
+    try:
+        ids = json.loads(ids_path.read_text())
+        return str(ids["resource_id"]), str(ids["version_id"])
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{str(root)!r} holds no {IDS_FILE}: name the version as "
+            f"'spiral:{root}?resource_id=..&version_id=..', or write the table with write_table"
+        ) from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{str(ids_path)!r} is not a valid ids file ({error!r}); it needs resource_id and version_id"
+        ) from error
+
+
+class SpiralSource:
+    """One Spiral table version opened for a scan with the spec's columns and filter."""
+
+    def __init__(self, spec: TableSpec) -> None:
+        location = parse(spec.uri)
+        if not location.resolved:
+            raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
+        self._uri = spec.uri
+        self._version = version(spec.uri)
+        self._filter = spec.filter
+        if spec.filter is not None and not isinstance(spec.filter, spiral.Expression):
+            raise TypeError(f"a Spiral table's filter must be a spiral.Expression, not {type(spec.filter).__name__}")
+        table = self._open_table(location)
+        schema = table.schema()
+        if spec.columns is not None:
+            unknown = [name for name in spec.columns if name not in schema.names]
+            if unknown:
+                raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
+        try:
+            self._scan = table.scan(list(spec.columns) if spec.columns else None, filter=spec.filter)
+        except spiral.SpiralError as error:
+            reason = str(error).split("\n", 1)[0]
+            raise ValueError(f"the filter {spec.filter} cannot scan {spec.uri!r}: {reason}") from error
+        self._splits = [
+            Split(index, split.start, split.end, split.estimated_rows) for index, split in enumerate(self._scan.splits)
+        ]
+
+    @staticmethod
+    def _open_table(location: SpiralLocation) -> spiral.Table:
+        resource_id, version_id = location.resource_id or "", location.version_id or ""
+        if location.root is None:
+            return spiral.Client().table_by_id(resource_id, version_id)
+        root = Path(location.root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"no Spiral table at {str(root)!r}: the folder does not exist")
+        try:
+            table = spiral.Client.local().local_table(root, resource_id, version_id)
+            table.schema()
+        except (spiral.SpiralError, ValueError) as error:
+            raise ValueError(
+                f"cannot open version {resource_id}@{version_id} of the Spiral table at {str(root)!r}: {error}; "
+                f"check the ids (the table's own are in {IDS_FILE})"
+            ) from error
+        return table
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._scan.schema
+
+    @property
+    def splits(self) -> Sequence[Split]:
+        return self._splits
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        return self._scan.read_work([spiral.WorkItem(*item) for item in items])
+
+    def count(self, items: Sequence[WorkItem]) -> list[int]:
+        return self._scan.count_rows([spiral.WorkItem(*item) for item in items])
+
+    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
+        if self._filter is not None:
+            raise ValueError(f"positions of a filtered Spiral scan of {self._uri!r} cannot be taken")
+        return self._scan.take([spiral.Take(split, positions)])
+
+
+def write(uri: str, data: pa.Table | pa.RecordBatch | pa.RecordBatchReader, split_rows: int) -> str:
+    """Write ``data`` as the first version of a new local table, one split per ``split_rows`` rows,
+    and return the uri of that exact version."""
+    location = parse(uri)
+    if location.root is None or location.resolved:
+        raise ValueError(f"write_table writes a new local table, named 'spiral:<empty folder>', not {uri!r}")
+    root = Path(location.root)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(f"{str(root)!r} is not an empty folder; write_table never overwrites, pick a new root")
+    root.mkdir(parents=True, exist_ok=True)
+    reader = _as_reader(data)
+    writer = spiral.Client.local().create_local_table(root, reader.schema)
+    for split in _splits(reader, split_rows):
+        writer.append(split)
+    table = writer.finish()
+    (root / IDS_FILE).write_text(json.dumps({"resource_id": table.resource_id, "version_id": table.version_id}))
+    return _format(location, table.resource_id, table.version_id)
+
+
+def _as_reader(data: pa.Table | pa.RecordBatch | pa.RecordBatchReader) -> pa.RecordBatchReader:
+    if isinstance(data, pa.RecordBatchReader):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data.to_reader()
+    raise TypeError(f"write_table takes a pyarrow Table, RecordBatch or RecordBatchReader, not {type(data).__name__}")
+
+
+def _splits(reader: pa.RecordBatchReader, split_rows: int) -> Iterator[pa.Table]:
+    """The reader's rows as tables of ``split_rows`` rows (the last shorter), each in chunks
+    within spiral-sdk's input bounds."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in reader:
+        offset = 0
+        while offset < batch.num_rows:
+            part = batch.slice(offset, split_rows - rows)
+            pending.append(part)
+            rows += part.num_rows
+            offset += part.num_rows
+            if rows == split_rows:
+                yield _bounded(pending)
+                pending, rows = [], 0
+    if rows:
+        yield _bounded(pending)
+
+
+def _bounded(batches: list[pa.RecordBatch]) -> pa.Table:
+    table = pa.Table.from_batches(batches)
+    row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+    chunk = max(1, min(_MAX_BATCH_ROWS, _MAX_BATCH_BYTES // row_bytes))
+    return pa.Table.from_batches(table.to_batches(max_chunksize=chunk), schema=table.schema)

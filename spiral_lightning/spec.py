@@ -1,0 +1,57 @@
+"""TableSpec: a small picklable value naming a table version and the options of its scan."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table and how to scan it, cheap to pickle and to write in YAML.
+
+    ``uri`` names the table: ``spiral:<local root>`` (ids read from the file ``write_table``
+    leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``, or
+    ``spiral://<project>/<path>[@v<version>]`` for a remote table. ``columns`` selects columns
+    (all when ``None``) and ``filter`` keeps the rows it holds for (a ``spiral.Expression``).
+    ``resolve`` pins the spec to the exact version that every process then reads.
+    """
+
+    uri: str
+    columns: tuple[str, ...] | None = None
+    filter: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or ":" not in self.uri:
+            raise ValueError(f"a table uri looks like 'spiral:<root>', not {self.uri!r}")
+        if self.columns is not None:
+            columns: Any = self.columns
+            if isinstance(columns, str) or not isinstance(columns, Sequence):
+                raise TypeError(f"columns must be a list of column names, not {columns!r}")
+            if not columns or not all(isinstance(name, str) for name in columns):
+                raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
+            object.__setattr__(self, "columns", tuple(columns))
+
+    @property
+    def scheme(self) -> str:
+        """The backend that reads the table: the part of the uri before the first colon."""
+        return self.uri.split(":", 1)[0]
+
+    def resolve(self) -> TableSpec:
+        """This spec pinned to one exact version, so every process reads the same rows."""
+        from spiral_lightning.sources import resolve_uri
+
+        return replace(self, uri=resolve_uri(self.uri))
+
+    @property
+    def version(self) -> str:
+        """The exact version a resolved spec names; ``ValueError`` for an unresolved one."""
+        from spiral_lightning.sources import version_of
+
+        return version_of(self.uri)
+
+
+def as_spec(table: TableSpec | str) -> TableSpec:
+    """A spec for ``table``, which may be a spec or a bare uri."""
+    return table if isinstance(table, TableSpec) else TableSpec(table)

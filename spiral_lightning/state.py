@@ -1,0 +1,120 @@
+"""Cursors, the saved state of one consumer, and the checks that keep a state on its own work."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from spiral_lightning.work import Shard
+
+#: The version of the dictionary ``State.to_dict`` writes.
+STATE_FORMAT = 1
+
+
+class Cursor(NamedTuple):
+    """The next undelivered row of a consumer: output row ``skip`` counted from stored row ``row``
+    of work item ``item``. Every row before it has been delivered.
+
+    A cursor at ``item == len(work list)`` means the consumer's work is done.
+    """
+
+    item: int
+    row: int
+    skip: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    """One consumer's cursor and the settings it is valid for.
+
+    ``version`` names the table version, ``shard`` the consumer, ``policy`` the policy function
+    and ``work`` the fingerprint of the work list the cursor points into. ``cursor`` is ``None``
+    before the consumer delivered its first row of the epoch.
+    """
+
+    version: str
+    shard: Shard
+    batch_size: int | None
+    epoch: int
+    policy: str
+    work: str | None
+    cursor: Cursor | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only, so a state survives ``torch.save`` and JSON alike."""
+        return {
+            "format": STATE_FORMAT,
+            "version": self.version,
+            "shard": list(self.shard),
+            "batch_size": self.batch_size,
+            "epoch": self.epoch,
+            "policy": self.policy,
+            "work": self.work,
+            "cursor": None if self.cursor is None else list(self.cursor),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> State:
+        """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
+        field when ``data`` is not one."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a TableDataset state is a mapping, not {type(data).__name__}")
+        if data.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"unknown TableDataset state format {data.get('format')!r}; this version reads format {STATE_FORMAT}"
+            )
+        missing = sorted({"version", "shard", "batch_size", "epoch", "policy", "work", "cursor"} - data.keys())
+        if missing:
+            raise KeyError(f"the TableDataset state lacks the fields {missing}")
+        shard = _ints(data["shard"], "shard", 4)
+        cursor = None if data["cursor"] is None else _ints(data["cursor"], "cursor", 3)
+        if cursor is not None and min(cursor) < 0:
+            raise ValueError(f"the state's cursor {cursor} has a negative position")
+        batch_size = data["batch_size"]
+        if batch_size is not None and not _is_int(batch_size):
+            raise TypeError(f"the state's batch_size must be an int or None, not {batch_size!r}")
+        if not _is_int(data["epoch"]) or data["epoch"] < 0:
+            raise ValueError(f"the state's epoch must be a non-negative int, not {data['epoch']!r}")
+        for name in ("version", "policy"):
+            if not isinstance(data[name], str):
+                raise TypeError(f"the state's {name} must be a string, not {data[name]!r}")
+        if data["work"] is not None and not isinstance(data["work"], str):
+            raise TypeError(f"the state's work fingerprint must be a string or None, not {data['work']!r}")
+        return cls(
+            version=data["version"],
+            shard=Shard(*shard).check(),
+            batch_size=batch_size,
+            epoch=data["epoch"],
+            policy=data["policy"],
+            work=data["work"],
+            cursor=None if cursor is None else Cursor(*cursor),
+        )
+
+    def check_matches(self, current: State) -> None:
+        """``ValueError`` naming every setting under which this saved state differs from ``current``.
+
+        The epoch, work fingerprint and cursor are what a state carries, not what it must match.
+        """
+        fields = ("version", "shard", "batch_size", "policy")
+        differ = [
+            f"{name}: saved {getattr(self, name)!r}, now {getattr(current, name)!r}"
+            for name in fields
+            if getattr(self, name) != getattr(current, name)
+        ]
+        if differ:
+            raise ValueError(
+                "the TableDataset state was saved under other settings ("
+                + "; ".join(differ)
+                + "); restore it into a dataset built like the one that saved it"
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ints(value: Any, name: str, length: int) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or len(value) != length or not all(_is_int(v) for v in value):
+        raise ValueError(f"the state's {name} must be {length} ints, not {value!r}")
+    return tuple(value)

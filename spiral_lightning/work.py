@@ -1,0 +1,81 @@
+"""Splits, work items, shards and the policies that turn a plan into one consumer's work list.
+
+Everything here is a pure value or a pure function: every process that asks a policy for a
+consumer's work list gets the same list without talking to any other process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+
+class Split(NamedTuple):
+    """One unit of planning: stored rows ``start`` to ``end`` of the source's split number ``id``.
+
+    ``rows`` is the source's estimate of the rows the split holds before the filter, or ``None``
+    when the source gives none.
+    """
+
+    id: int
+    start: int
+    end: int
+    rows: int | None = None
+
+
+class WorkItem(NamedTuple):
+    """Stored rows ``start`` to ``end`` of split ``split``, read in stored order."""
+
+    split: int
+    start: int
+    end: int
+
+
+class Shard(NamedTuple):
+    """One consumer: DataLoader worker ``worker`` of ``workers`` on rank ``rank`` of ``world_size``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    workers: int = 1
+
+    def check(self) -> Shard:
+        """This shard, or ``ValueError`` when its numbers name no consumer."""
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not a rank of a world of size {self.world_size}")
+        if self.workers < 1 or not 0 <= self.worker < self.workers:
+            raise ValueError(f"worker {self.worker} is not a worker of {self.workers}")
+        return self
+
+
+#: A pure function from a plan, a consumer and an epoch to the consumer's ordered work items.
+#: It must give every row of the plan to exactly one consumer, depend only on its arguments, and
+#: be picklable, so that every process computes the same lists.
+Policy = Callable[[Sequence[Split], Shard, int], list[WorkItem]]
+
+
+def stripe(plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list[WorkItem]:
+    """Whole splits striped by rank, then by worker, in stored order; the same in every epoch.
+
+    Rank ``r`` of ``w`` owns splits ``r, r + w, r + 2w, ...``; worker ``k`` of ``n`` takes every
+    ``n``-th of the rank's splits from its ``k``-th. A rank's share does not depend on its
+    worker count.
+    """
+    owned = plan[shard.rank :: shard.world_size][shard.worker :: shard.workers]
+    return [WorkItem(split.id, split.start, split.end) for split in owned]
+
+
+def policy_name(policy: Policy) -> str:
+    """A stable name for ``policy``, recorded in states so a cursor is never read by another."""
+    module = getattr(policy, "__module__", None) or type(policy).__module__
+    name = getattr(policy, "__qualname__", None) or type(policy).__qualname__
+    return f"{module}.{name}"
+
+
+def fingerprint(items: Sequence[WorkItem]) -> str:
+    """A short digest of a work list, so a cursor is never applied to a different list."""
+    digest = hashlib.sha256()
+    for split, start, end in items:
+        digest.update(f"{split}:{start}:{end};".encode())
+    return digest.hexdigest()[:16]
