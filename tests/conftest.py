@@ -1,0 +1,32 @@
+"""Shared fixtures: real local Spiral tables written into temporary folders."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spiral_lightning import TableSpec
+from tests.tables import layout_table, write_uneven
+
+# Forkserver children are forked from a server that imported these once, so each DataLoader
+# worker starts quickly instead of importing torch again; the server never opens a table.
+multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral", "spiral_lightning"])
+
+
+@pytest.fixture
+def make_table(tmp_path: Path) -> Callable[..., TableSpec]:
+    """Writes a table with the given split sizes into a fresh folder under ``tmp_path``; extra
+    keyword arguments become the spec's options."""
+    count = 0
+
+    def make(split_sizes: Sequence[int], seed: int = 0, **options: Any) -> TableSpec:
+        nonlocal count
+        count += 1
+        spec = write_uneven(tmp_path / f"table{count}", layout_table(split_sizes, seed), split_sizes)
+        return TableSpec(spec.uri, **options)
+
+    return make
