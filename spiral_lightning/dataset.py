@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,8 +26,10 @@ class TableDataset(IterableDataset[Any]):
     ``stripe``. Each consumer cuts its rows into frames of ``batch_size`` rows (read batches as
     they come when ``None``); ``last`` decides the rows after its last full frame. ``collate``
     turns each frame into what the dataset yields: tensors by default, the Arrow batch when
-    ``None``. Use it with ``DataLoader(batch_size=None)``; workers need
-    ``multiprocessing_context="forkserver"`` or ``"spawn"`` once the parent has read a table.
+    ``None``. ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
+    work list and drops the rest, so consumers with unequal shares yield equal batches. Use it
+    with ``DataLoader(batch_size=None)``; workers need ``multiprocessing_context="forkserver"``
+    or ``"spawn"`` once the parent has read a table.
 
     Rank and world size come from the arguments, else from ``torch.distributed`` when it is
     initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
@@ -48,6 +51,7 @@ class TableDataset(IterableDataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        rows_per_consumer: int | None = None,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -67,13 +71,16 @@ class TableDataset(IterableDataset[Any]):
         self.last: Last = last
         self.policy = policy
         self.collate = collate
+        self.rows_per_consumer: int | None = None
         self.epoch = 0
         self._resume: State | None = None
         self._cursor: Cursor | None = None
         self._work: str | None = None
+        self._delivered = 0
         self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
+        self.set_rows_per_consumer(rows_per_consumer)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -88,6 +95,20 @@ class TableDataset(IterableDataset[Any]):
         if epoch != self.epoch:
             self._rows = None
         self.epoch = epoch
+
+    def set_rows_per_consumer(self, rows: int | None) -> None:
+        """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
+        if rows is not None:
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+                raise ValueError(f"rows_per_consumer must be a non-negative int or None, not {rows!r}")
+            if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
+                raise ValueError(
+                    f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
+                    "so last='require_full' would fail on every consumer; round the quota down to a multiple"
+                )
+        if rows != self.rows_per_consumer:
+            self._rows = None
+        self.rows_per_consumer = rows
 
     def source(self) -> Source:
         """The table version opened in this process (opened on first use)."""
@@ -111,11 +132,29 @@ class TableDataset(IterableDataset[Any]):
 
     def __len__(self) -> int:
         """The exact rows this rank reads over all its workers, counted once per epoch from the
-        rank's one-worker work list, reading only the filter's columns."""
+        rank's one-worker work list, reading only the filter's columns. With a quota the count is
+        the rank's rows read by one worker; ``batches`` counts for any worker count."""
         if self._rows is None:
             source = self.source()
-            self._rows = sum(source.count(self.work(Shard(self.rank, self.world_size))))
+            self._rows = self._capped(sum(source.count(self.work(Shard(self.rank, self.world_size)))))
         return self._rows
+
+    def batches(self, workers: int) -> int:
+        """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
+        workers (0 reads in the main process): each consumer's rows, after the quota, in frames of
+        ``batch_size``, the shorter tail counted with ``last="keep_partial"``."""
+        if self.batch_size is None:
+            raise ValueError("a dataset without a batch_size yields read batches, which cannot be counted ahead")
+        consumers = max(1, workers)
+        source = self.source()
+        total = 0
+        for worker in range(consumers):
+            rows = self._capped(sum(source.count(self.work(Shard(self.rank, self.world_size, worker, consumers)))))
+            total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
+        return total
+
+    def _capped(self, rows: int) -> int:
+        return rows if self.rows_per_consumer is None else min(rows, self.rows_per_consumer)
 
     def _state(self, shard: Shard) -> State:
         return State(
@@ -126,6 +165,8 @@ class TableDataset(IterableDataset[Any]):
             policy=policy_name(self.policy),
             work=self._work,
             cursor=self._cursor,
+            rows_per_consumer=self.rows_per_consumer,
+            delivered=self._delivered,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,8 +176,8 @@ class TableDataset(IterableDataset[Any]):
         return self._state(self.shard()).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state saved by a dataset over the same version, consumer, batch size
-        and policy; ``ValueError`` naming each setting that differs otherwise."""
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy and quota; ``ValueError`` naming each setting that differs otherwise."""
         saved = State.from_dict(state)
         saved.check_matches(self._state(self.shard()))
         self._resume = saved
@@ -150,6 +191,7 @@ class TableDataset(IterableDataset[Any]):
         work = fingerprint(items)
         resume, self._resume = self._resume, None
         cursor = start_of(items)
+        delivered = 0
         if resume is not None and resume.cursor is not None:
             if resume.work != work:
                 raise ValueError(
@@ -157,9 +199,30 @@ class TableDataset(IterableDataset[Any]):
                     f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
                     "the policy must depend only on the plan, the shard and the epoch"
                 )
-            cursor = resume.cursor
+            cursor, delivered = resume.cursor, resume.delivered
         self._work = work
         self._cursor = cursor
-        for frame, after in read_frames(source, items, cursor, self.batch_size, self.last):
+        self._delivered = delivered
+        frames = read_frames(source, items, cursor, self.batch_size, self.last)
+        if self.rows_per_consumer is not None:
+            frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
+        for frame, after in frames:
             self._cursor = after
+            self._delivered += frame.num_rows
             yield frame if self.collate is None else self.collate(frame)
+
+
+def _within(
+    frames: Iterator[tuple[pa.RecordBatch, Cursor]], rows: int, done: Cursor
+) -> Iterator[tuple[pa.RecordBatch, Cursor]]:
+    """The first ``rows`` rows of ``frames``; the frame that reaches the quota ends at ``done``,
+    the cursor of a finished consumer, so a resume after it reads nothing more."""
+    left = rows
+    if left <= 0:
+        return
+    for frame, after in frames:
+        if frame.num_rows >= left:
+            yield frame.slice(0, left), done
+            return
+        left -= frame.num_rows
+        yield frame, after

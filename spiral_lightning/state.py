@@ -30,7 +30,9 @@ class State:
 
     ``version`` names the table version, ``shard`` the consumer, ``policy`` the policy function
     and ``work`` the fingerprint of the work list the cursor points into. ``cursor`` is ``None``
-    before the consumer delivered its first row of the epoch.
+    before the consumer delivered its first row of the epoch. ``rows_per_consumer`` is the quota of
+    rows the consumer stops after (``None``: no quota) and ``delivered`` the rows it delivered this
+    epoch, so a resumed consumer stops at the same row as an uninterrupted one.
     """
 
     version: str
@@ -40,10 +42,16 @@ class State:
     policy: str
     work: str | None
     cursor: Cursor | None
+    rows_per_consumer: int | None = None
+    delivered: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values only, so a state survives ``torch.save`` and JSON alike."""
-        return {
+        """Plain values only, so a state survives ``torch.save`` and JSON alike.
+
+        The quota fields are written only for a consumer with a quota, so the states of every
+        other dataset keep the exact form they had before quotas existed.
+        """
+        data: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": self.version,
             "shard": list(self.shard),
@@ -53,6 +61,10 @@ class State:
             "work": self.work,
             "cursor": None if self.cursor is None else list(self.cursor),
         }
+        if self.rows_per_consumer is not None:
+            data["rows_per_consumer"] = self.rows_per_consumer
+            data["delivered"] = self.delivered
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> State:
@@ -76,6 +88,11 @@ class State:
             raise TypeError(f"the state's batch_size must be an int or None, not {batch_size!r}")
         if not _is_int(data["epoch"]) or data["epoch"] < 0:
             raise ValueError(f"the state's epoch must be a non-negative int, not {data['epoch']!r}")
+        quota, delivered = data.get("rows_per_consumer"), data.get("delivered", 0)
+        if quota is not None and (not _is_int(quota) or quota < 0):
+            raise ValueError(f"the state's rows_per_consumer must be a non-negative int or None, not {quota!r}")
+        if not _is_int(delivered) or delivered < 0:
+            raise ValueError(f"the state's delivered must be a non-negative int, not {delivered!r}")
         for name in ("version", "policy"):
             if not isinstance(data[name], str):
                 raise TypeError(f"the state's {name} must be a string, not {data[name]!r}")
@@ -89,14 +106,17 @@ class State:
             policy=data["policy"],
             work=data["work"],
             cursor=None if cursor is None else Cursor(*cursor),
+            rows_per_consumer=quota,
+            delivered=delivered,
         )
 
     def check_matches(self, current: State) -> None:
         """``ValueError`` naming every setting under which this saved state differs from ``current``.
 
-        The epoch, work fingerprint and cursor are what a state carries, not what it must match.
+        The epoch, work fingerprint, cursor and delivered rows are what a state carries, not what
+        it must match.
         """
-        fields = ("version", "shard", "batch_size", "policy")
+        fields = ("version", "shard", "batch_size", "policy", "rows_per_consumer")
         differ = [
             f"{name}: saved {getattr(self, name)!r}, now {getattr(current, name)!r}"
             for name in fields

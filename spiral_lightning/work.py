@@ -79,3 +79,39 @@ def fingerprint(items: Sequence[WorkItem]) -> str:
     for split, start, end in items:
         digest.update(f"{split}:{start}:{end};".encode())
     return digest.hexdigest()[:16]
+
+
+def balanced(plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list[WorkItem]:
+    """Equal shares of stored rows: every consumer gets the same number of stored rows, give or
+    take one, cut from the splits in stored order; the same in every epoch.
+
+    The plan's stored rows, laid end to end, are cut into ``world_size`` ranges, one per rank in
+    rank order, and each rank's range into ``workers`` ranges. A work item is the part of one split
+    inside a consumer's range, so splits of any size spread evenly, and a rank's share does not
+    depend on its worker count.
+    """
+    rank_start, rank_end = _share(_stored_rows(plan), shard.rank, shard.world_size)
+    start, end = _share(rank_end - rank_start, shard.worker, shard.workers)
+    return _cut(plan, rank_start + start, rank_start + end)
+
+
+def _stored_rows(plan: Sequence[Split]) -> int:
+    return sum(split.end - split.start for split in plan)
+
+
+def _share(total: int, index: int, parts: int) -> tuple[int, int]:
+    """Rows ``start`` to ``end`` of part ``index`` when ``total`` rows are cut into ``parts``."""
+    return index * total // parts, (index + 1) * total // parts
+
+
+def _cut(plan: Sequence[Split], start: int, end: int) -> list[WorkItem]:
+    """The work items covering stored rows ``start`` to ``end`` of the plan laid end to end."""
+    items: list[WorkItem] = []
+    offset = 0
+    for split in plan:
+        rows = split.end - split.start
+        low, high = max(start, offset), min(end, offset + rows)
+        if low < high:
+            items.append(WorkItem(split.id, split.start + low - offset, split.start + high - offset))
+        offset += rows
+    return items

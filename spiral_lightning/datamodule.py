@@ -1,0 +1,327 @@
+"""SpiralDataModule: Lightning training on exact table versions, with every rank's position in the
+checkpoint and equal batches on every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch.distributed
+from lightning.pytorch.utilities import rank_zero_info
+
+from spiral_lightning.dataset import TableDataset
+from spiral_lightning.frames import LAST_MODES, Last
+from spiral_lightning.loader import SpiralLoader
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.work import Policy, Shard, balanced, fingerprint, stripe
+
+#: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
+STATE_FORMAT = 1
+
+#: The stages a DataModule serves, each read from its own table.
+Stage = Literal["train", "val", "test", "predict"]
+
+#: Policies YAML can name without an import path.
+POLICIES: dict[str, Policy] = {"balanced": balanced, "stripe": stripe}
+
+_STAGES: dict[str, tuple[Stage, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+
+
+class SpiralDataModule(pl.LightningDataModule):
+    """Train, validation, test and predict tables, read by every rank and worker exactly once.
+
+    Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
+    and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
+    (``"balanced"``, ``"stripe"``, or ``"module.function"``). ``setup`` takes rank and world size
+    from the Trainer and pins each table to one version, resolved on rank 0 and shared with the
+    other ranks.
+
+    ``even_batches`` (on by default) gives every training consumer (a worker of a rank) the same
+    quota of rows when there is more than one rank: the minimum of their exact counts after the
+    filter, so every rank yields the same batches and DDP cannot wait forever on a rank that ran
+    out. The rows past the quota are dropped for that epoch and their number logged; with the
+    default ``balanced`` policy they are only what the filter made unequal.
+
+    The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
+    saved) with the world size and worker count; on resume each rank restores its own.
+    """
+
+    def __init__(
+        self,
+        train: TableSpec | str | None = None,
+        val: TableSpec | str | None = None,
+        test: TableSpec | str | None = None,
+        predict: TableSpec | str | None = None,
+        *,
+        columns: list[str] | None = None,
+        filter: Any = None,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        policy: str | Policy = "balanced",
+        last: Last = "keep_partial",
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        multiprocessing_context: Literal["forkserver", "spawn"] | None = None,
+        even_batches: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        if multiprocessing_context not in (None, "forkserver", "spawn"):
+            raise ValueError(
+                f"multiprocessing_context {multiprocessing_context!r} is not supported: table readers cannot "
+                "continue in a process forked after its parent opened a table; use 'forkserver' (the default) "
+                "or 'spawn'"
+            )
+        self.tables: dict[Stage, TableSpec] = {}
+        stages: tuple[tuple[Stage, TableSpec | str | None], ...] = (
+            ("train", train),
+            ("val", val),
+            ("test", test),
+            ("predict", predict),
+        )
+        for stage, table in stages:
+            if table is not None:
+                self.tables[stage] = _with_options(as_spec(table), columns, filter)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.policy = resolve_policy(policy)
+        self.last: Last = last
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
+        self.even_batches = even_batches
+        self.datasets: dict[Stage, TableDataset] = {}
+        self._train_loader: SpiralLoader | None = None
+        self._restored: dict[str, Any] | None = None
+        self._counts: dict[str, int] = {}
+
+    def _rank(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def setup(self, stage: str) -> None:
+        """Build the datasets of ``stage`` (fit, validate, test or predict) for this rank."""
+        rank, world_size = self._rank()
+        for name in _STAGES[stage]:
+            if name not in self.tables:
+                continue
+            self.datasets[name] = TableDataset(
+                self._pinned(self.tables[name]),
+                batch_size=self.batch_size,
+                last=self.last,
+                policy=self.policy,
+                rank=rank,
+                world_size=world_size,
+            )
+        if stage == "fit" and "train" not in self.tables:
+            raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
+        if self._restored is not None and "train" in self.datasets:
+            self._check_version(self._restored, self.datasets["train"])
+
+    def _pinned(self, spec: TableSpec) -> TableSpec:
+        """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
+        if self.trainer is None:
+            return spec.resolve()
+        uri = spec.resolve().uri if self.trainer.global_rank == 0 else ""
+        shared: str = self.trainer.strategy.broadcast(uri, src=0)
+        return dataclasses.replace(spec, uri=shared)
+
+    def _dataset(self, stage: Stage) -> TableDataset:
+        if stage not in self.datasets:
+            if stage not in self.tables:
+                raise ValueError(f"SpiralDataModule has no {stage} table; pass {stage}='spiral:<root>'")
+            raise RuntimeError(f"call setup() before asking for the {stage} dataloader")
+        return self.datasets[stage]
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "multiprocessing_context": self.multiprocessing_context,
+        }
+
+    def train_dataloader(self) -> SpiralLoader:
+        dataset = self._dataset("train")
+        epoch = self._epoch()
+        loader = SpiralLoader(
+            dataset, batches=self._prepare(epoch), epoch=self._epoch, prepare=self._prepare, **self._options()
+        )
+        if self._restored is not None:
+            self._restore(loader, self._restored)
+            self._restored = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> SpiralLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> SpiralLoader:
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> SpiralLoader:
+        return self._eval_loader("predict")
+
+    def _eval_loader(self, stage: Stage) -> SpiralLoader:
+        dataset = self._dataset(stage)
+        return SpiralLoader(dataset, batches=dataset.batches(self.num_workers), **self._options())
+
+    def _epoch(self) -> int:
+        return 0 if self.trainer is None else self.trainer.current_epoch
+
+    def _prepare(self, epoch: int) -> int:
+        """Set the train dataset up for ``epoch``: its work lists and, for even batches, the
+        quota of every consumer. The rank's batches in that epoch."""
+        dataset = self._dataset("train")
+        dataset.set_epoch(epoch)
+        if self.even_batches and dataset.world_size > 1:
+            quota, dropped = self._quota(dataset)
+            if quota != dataset.rows_per_consumer:
+                dataset.set_rows_per_consumer(quota)
+                rank_zero_info(
+                    f"SpiralDataModule: even batches in epoch {epoch}: every one of the "
+                    f"{dataset.world_size * max(1, self.num_workers)} training consumers reads {quota} rows; "
+                    f"{dropped} rows are left out this epoch (even_batches=False keeps them, with unequal batches)"
+                )
+        return dataset.batches(self.num_workers)
+
+    def _quota(self, dataset: TableDataset) -> tuple[int, int]:
+        """The rows every training consumer reads for equal batches, and the rows that leaves out.
+
+        Every rank counts every consumer's work list the same way, so all agree without talking;
+        counts are kept by work-list fingerprint, so an epoch with the same lists counts nothing.
+        """
+        workers = max(1, self.num_workers)
+        source = dataset.source()
+        rows: list[int] = []
+        for rank in range(dataset.world_size):
+            for worker in range(workers):
+                items = dataset.work(Shard(rank, dataset.world_size, worker, workers))
+                key = fingerprint(items)
+                if key not in self._counts:
+                    self._counts[key] = sum(source.count(items))
+                rows.append(self._counts[key])
+        quota = min(rows)
+        if self.last == "require_full":
+            quota -= quota % self.batch_size
+        return quota, sum(rows) - quota * len(rows)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's training position with the settings it is valid for.
+
+        A collective when there is more than one rank: Lightning calls it on every rank whenever
+        it saves a checkpoint, and each rank contributes its own position.
+        """
+        loader = self._train_loader
+        if loader is None:
+            return {}
+        rank, world_size = self._rank()
+        mine = {"rank": rank, "position": loader.position()}
+        ranks: list[Any] = [mine]
+        if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * world_size
+            torch.distributed.all_gather_object(ranks, mine)
+        return {
+            "format": STATE_FORMAT,
+            "version": loader.table.spec.version,
+            "world_size": world_size,
+            "num_workers": self.num_workers,
+            "ranks": ranks,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the positions of a checkpoint; each rank restores its own into its train loader.
+        ``ValueError`` when they were saved under another world size, worker count or table version."""
+        if state_dict.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"unknown SpiralDataModule state format {state_dict.get('format')!r}; this version reads {STATE_FORMAT}"
+            )
+        world_size = self._rank()[1]
+        if state_dict["world_size"] != world_size or len(state_dict["ranks"]) != world_size:
+            raise ValueError(
+                f"the checkpoint holds the positions of {state_dict['world_size']} ranks, but this run has "
+                f"{world_size}; resuming under another world size needs re-planning the remaining rows, which "
+                f"spiral-lightning does not do yet: resume with {state_dict['world_size']} ranks"
+            )
+        if state_dict["num_workers"] != self.num_workers:
+            raise ValueError(
+                f"the checkpoint was saved with num_workers={state_dict['num_workers']} per rank, but this run has "
+                f"num_workers={self.num_workers}; resuming under another worker count needs re-planning the "
+                f"remaining rows, which spiral-lightning does not do yet: resume with "
+                f"num_workers={state_dict['num_workers']}"
+            )
+        if "train" in self.datasets:
+            self._check_version(state_dict, self.datasets["train"])
+        self._restored = state_dict
+
+    @staticmethod
+    def _check_version(state: dict[str, Any], dataset: TableDataset) -> None:
+        if state["version"] != dataset.spec.version:
+            raise ValueError(
+                f"the checkpoint was saved reading table version {state['version']}, but this run reads version "
+                f"{dataset.spec.version} ({dataset.spec.uri}); a position is only valid in the version it was "
+                "saved in: train on that version, or start this one without ckpt_path"
+            )
+
+    def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
+        self._check_version(state, loader.table)
+        rank, _ = self._rank()
+        saved = state["ranks"][rank]
+        if saved["rank"] != rank:
+            raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
+        if saved["position"] is not None:
+            epoch, position = saved["position"]
+            loader.restore(epoch, position)
+
+
+def resolve_policy(policy: str | Policy) -> Policy:
+    """The policy function ``policy`` names: a known name, ``"module.function"``, or the function."""
+    if not isinstance(policy, str):
+        return policy
+    if policy in POLICIES:
+        return POLICIES[policy]
+    module, _, name = policy.rpartition(".")
+    found: Any = None
+    if module:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            found = None
+    if not callable(found):
+        raise ValueError(
+            f"unknown policy {policy!r}; name one of {sorted(POLICIES)} or a function as 'module.function'"
+        )
+    policy_function: Policy = found
+    return policy_function
+
+
+def _with_options(spec: TableSpec, columns: Sequence[str] | None, filter: Any) -> TableSpec:
+    """``spec`` with the DataModule's columns and filter, which must not contradict its own."""
+    if columns is not None:
+        if spec.columns is not None and spec.columns != tuple(columns):
+            raise ValueError(
+                f"the table {spec.uri!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
+            )
+        spec = dataclasses.replace(spec, columns=tuple(columns))
+    if filter is not None:
+        # Identity, not equality: spiral expressions overload == to build a new expression.
+        if spec.filter is not None and spec.filter is not filter:
+            raise ValueError(
+                f"the table {spec.uri!r} has its own filter {spec.filter}, and the DataModule gives {filter}"
+            )
+        spec = dataclasses.replace(spec, filter=filter)
+    return spec

@@ -1,0 +1,99 @@
+"""SpiralLoader: the StatefulDataLoader a SpiralDataModule hands to Lightning.
+
+It reports its length in batches, follows the Trainer's epoch, and keeps its position out of
+Lightning's own loop state, which holds rank 0's loader state only and would give it to every
+rank on resume. The DataModule saves and restores each rank's real position instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning.dataset import TableDataset
+
+#: What the loader gives Lightning's fit loop in place of a position: a marker that names where
+#: the real positions live, so a checkpoint never holds one rank's position as if it were all.
+LOOP_STATE = {"spiral_lightning": "every rank's position is in the SpiralDataModule entry of this checkpoint"}
+
+
+class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``.
+
+    ``len`` is ``batches``, the exact batches of this rank in the epoch, so Lightning counts the
+    epoch, its progress bar and its limits in batches rather than rows. ``epoch`` (when given)
+    returns the epoch to read; before each iteration the loader asks ``prepare`` to set the
+    dataset up for that epoch, and ``prepare`` returns the epoch's batches, which must equal
+    ``batches`` because Lightning fixed the epoch's length when it first asked.
+
+    ``position`` / ``restore`` are this rank's real state (torchdata's loader state, with every
+    worker's cursor), while ``state_dict`` / ``load_state_dict``, which Lightning's fit loop
+    calls, only write and accept ``LOOP_STATE``. A restored position belongs to the epoch it was
+    saved in: it is applied when the loader next iterates that epoch, and dropped otherwise (a
+    position saved at the end of an epoch is finished, and the next epoch starts afresh).
+    """
+
+    def __init__(
+        self,
+        dataset: TableDataset,
+        *,
+        batches: int,
+        epoch: Callable[[], int] | None = None,
+        prepare: Callable[[int], int] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(dataset, batch_size=None, **options)
+        self.table = dataset
+        self.batches = batches
+        self._epoch = epoch
+        self._prepare = prepare
+        self._pending: tuple[int, dict[str, Any]] | None = None
+        self._reading: int | None = None
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.table.epoch if self._epoch is None else self._epoch()
+        if self._prepare is not None:
+            batches = self._prepare(epoch)
+            if batches != self.batches:
+                raise ValueError(
+                    f"epoch {epoch} has {batches} batches on rank {self.table.rank}, but the loader reported "
+                    f"{self.batches} when Lightning sized the epoch; the policy's shares change with the epoch, "
+                    "so set Trainer(reload_dataloaders_every_n_epochs=1)"
+                )
+        if self.persistent_workers and self._reading is not None and self._reading != epoch:
+            # Persistent workers hold the dataset as pickled for the last epoch; new workers read the new one.
+            super().load_state_dict({})
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == epoch:
+            super().load_state_dict(pending[1])
+        self._reading = epoch
+        iterator: Iterator[Any] = super().__iter__()
+        return iterator
+
+    def position(self) -> tuple[int, dict[str, Any]] | None:
+        """The epoch this loader reads and its state in it, ``None`` before it first reads."""
+        if self._pending is not None:
+            return self._pending
+        if self._reading is None:
+            return None
+        state: dict[str, Any] = super().state_dict()
+        return self._reading, state
+
+    def restore(self, epoch: int, state: dict[str, Any]) -> None:
+        """Continue from ``state``, saved by ``position`` in ``epoch``, when next reading ``epoch``."""
+        self._pending = (epoch, state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(LOOP_STATE)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict != LOOP_STATE:
+            raise ValueError(
+                "this checkpoint's fit-loop loader state was not written by a SpiralDataModule, so it "
+                "may hold rank 0's position only; resume from a checkpoint saved with SpiralDataModule"
+            )

@@ -1,0 +1,113 @@
+"""Equal shares for every consumer: the ``balanced`` policy, the per-consumer row quota of
+TableDataset, and the quota's place in the saved state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning import Shard, Split, State, TableDataset, TableSpec, balanced
+from tests.tables import KEEP, kept_ids
+
+plans = st.lists(st.integers(0, 60), max_size=12).map(
+    lambda sizes: [Split(i, 5, 5 + size) for i, size in enumerate(sizes)]
+)
+
+
+def rows_of(plan: list[Split], shard: Shard) -> list[tuple[int, int]]:
+    return [(item.split, row) for item in balanced(plan, shard) for row in range(item.start, item.end)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=plans, world_size=st.integers(1, 4), workers=st.integers(1, 4), epoch=st.integers(0, 3))
+def test_balanced_gives_every_stored_row_once_in_equal_shares(
+    plan: list[Split], world_size: int, workers: int, epoch: int
+) -> None:
+    shares = [
+        rows_of(plan, Shard(rank, world_size, worker, workers))
+        for rank in range(world_size)
+        for worker in range(workers)
+    ]
+    every = [row for share in shares for row in share]
+    assert every == [(split.id, row) for split in plan for row in range(split.start, split.end)]
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    rank_zero = Shard(0, world_size, 0, workers)
+    assert balanced(plan, rank_zero, epoch) == balanced(plan, rank_zero, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(plan=plans, world_size=st.integers(1, 4), workers=st.integers(1, 4))
+def test_balanced_rank_share_does_not_depend_on_workers(plan: list[Split], world_size: int, workers: int) -> None:
+    for rank in range(world_size):
+        alone = rows_of(plan, Shard(rank, world_size))
+        assert [row for w in range(workers) for row in rows_of(plan, Shard(rank, world_size, w, workers))] == alone
+
+
+def ids(dataset: TableDataset) -> list[int]:
+    return [int(i) for batch in dataset for i in batch["id"]]
+
+
+def test_quota_stops_each_consumer_after_its_rows_and_counts_batches(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([700, 50, 300], columns=["id"])
+    dataset = TableDataset(spec, batch_size=64, policy=balanced, rank=1, world_size=2, rows_per_consumer=200)
+    assert ids(dataset) == list(range(525, 725))
+    assert len(dataset) == 200
+    assert dataset.batches(0) == 4
+    # Two workers of rank 1 read 262 and 263 stored rows; each stops at 200: 4 batches each.
+    assert dataset.batches(2) == 8
+    dataset.set_rows_per_consumer(None)
+    assert len(dataset) == 525
+    assert dataset.batches(2) == 10
+
+
+def test_quota_resumes_at_the_same_last_row(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([400, 30, 900], columns=["id"], filter=KEEP)
+    expected = kept_ids([400, 30, 900])
+    quota = 150
+
+    def dataset() -> TableDataset:
+        return TableDataset(spec, batch_size=40, policy=balanced, rank=0, world_size=2, rows_per_consumer=quota)
+
+    whole = ids(dataset())
+    assert whole == [i for i in expected if i < 665][:quota]
+    first = dataset()
+    loader = StatefulDataLoader(first, batch_size=None)
+    delivered: list[int] = []
+    for number, batch in enumerate(loader):
+        delivered += batch["id"].tolist()
+        if number == 1:
+            state = loader.state_dict()
+            break
+    second = dataset()
+    resumed = StatefulDataLoader(second, batch_size=None)
+    resumed.load_state_dict(state)
+    assert delivered + [i for batch in resumed for i in batch["id"].tolist()] == whole
+
+
+def test_quota_is_part_of_the_settings_a_state_must_match(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([300], columns=["id"])
+    saved = TableDataset(spec, batch_size=10, rows_per_consumer=100)
+    iterator = iter(saved)
+    next(iterator)
+    state = saved.state_dict()
+    assert state["rows_per_consumer"] == 100
+    assert state["delivered"] == 10
+    assert State.from_dict(state).delivered == 10
+    plain = TableDataset(spec, batch_size=10)
+    assert "rows_per_consumer" not in plain.state_dict()
+    with pytest.raises(ValueError, match=r"rows_per_consumer: saved 100, now None"):
+        plain.load_state_dict(state)
+
+
+def test_bad_quotas_name_the_fix(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([100])
+    with pytest.raises(ValueError, match="rows_per_consumer must be a non-negative int"):
+        TableDataset(spec, rows_per_consumer=-1)
+    with pytest.raises(ValueError, match="not a multiple of batch_size 8.*round the quota down"):
+        TableDataset(spec, batch_size=8, last="require_full", rows_per_consumer=20)
+    with pytest.raises(ValueError, match="cannot be counted ahead"):
+        TableDataset(spec).batches(1)
