@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import LAST_MODES, Last
-from spiral_lightning.loader import SpiralLoader
+from spiral_lightning.loader import Position, SpiralLoader
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.work import Policy, Shard, balanced, fingerprint, stripe
 
@@ -230,7 +230,9 @@ class SpiralDataModule(pl.LightningDataModule):
         if loader is None:
             return {}
         rank, world_size = self._rank()
-        mine = {"rank": rank, "position": loader.position()}
+        position = loader.position()
+        # Plain values only: checkpoints load with torch's weights-only unpickler.
+        mine = {"rank": rank, "position": None if position is None else position._asdict()}
         ranks: list[Any] = [mine]
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * world_size
@@ -284,8 +286,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if saved["rank"] != rank:
             raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
         if saved["position"] is not None:
-            epoch, position = saved["position"]
-            loader.restore(epoch, position)
+            loader.restore(Position(**saved["position"]))
 
 
 def resolve_policy(policy: str | Policy) -> Policy:

@@ -8,7 +8,7 @@ rank on resume. The DataModule saves and restores each rank's real position inst
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -17,6 +17,15 @@ from spiral_lightning.dataset import TableDataset
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
 LOOP_STATE = {"spiral_lightning": "every rank's position is in the SpiralDataModule entry of this checkpoint"}
+
+
+class Position(NamedTuple):
+    """One rank's place in training: ``batches`` of epoch ``epoch`` delivered, and ``loader``,
+    torchdata's loader state with every worker's cursor."""
+
+    epoch: int
+    batches: int
+    loader: dict[str, Any]
 
 
 class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
@@ -28,11 +37,12 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
     dataset up for that epoch, and ``prepare`` returns the epoch's batches, which must equal
     ``batches`` because Lightning fixed the epoch's length when it first asked.
 
-    ``position`` / ``restore`` are this rank's real state (torchdata's loader state, with every
-    worker's cursor), while ``state_dict`` / ``load_state_dict``, which Lightning's fit loop
-    calls, only write and accept ``LOOP_STATE``. A restored position belongs to the epoch it was
-    saved in: it is applied when the loader next iterates that epoch, and dropped otherwise (a
-    position saved at the end of an epoch is finished, and the next epoch starts afresh).
+    ``position`` / ``restore`` are this rank's real state (a ``Position``), while
+    ``state_dict`` / ``load_state_dict``, which Lightning's fit loop calls, only write and accept
+    ``LOOP_STATE``. A restored position continues its epoch when the loader next reads that
+    epoch. A finished one (saved after the epoch's last batch) makes the next read start the
+    following epoch: Lightning resumes there, and reads it from the iterator it made while its
+    epoch counter still named the finished epoch.
     """
 
     def __init__(
@@ -49,14 +59,18 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         self.batches = batches
         self._epoch = epoch
         self._prepare = prepare
-        self._pending: tuple[int, dict[str, Any]] | None = None
+        self._pending: Position | None = None
         self._reading: int | None = None
+        self._yielded = 0
 
     def __len__(self) -> int:
         return self.batches
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.table.epoch if self._epoch is None else self._epoch()
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.epoch == epoch and pending.batches >= self.batches:
+            epoch, pending = epoch + 1, None
         if self._prepare is not None:
             batches = self._prepare(epoch)
             if batches != self.batches:
@@ -68,25 +82,29 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         if self.persistent_workers and self._reading is not None and self._reading != epoch:
             # Persistent workers hold the dataset as pickled for the last epoch; new workers read the new one.
             super().load_state_dict({})
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] == epoch:
-            super().load_state_dict(pending[1])
+        self._yielded = 0
+        if pending is not None and pending.epoch == epoch:
+            super().load_state_dict(pending.loader)
+            self._yielded = pending.batches
         self._reading = epoch
-        iterator: Iterator[Any] = super().__iter__()
-        return iterator
+        return self._counted(super().__iter__())
 
-    def position(self) -> tuple[int, dict[str, Any]] | None:
-        """The epoch this loader reads and its state in it, ``None`` before it first reads."""
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self._yielded += 1
+            yield batch
+
+    def position(self) -> Position | None:
+        """Where this loader is: ``None`` before it first reads."""
         if self._pending is not None:
             return self._pending
         if self._reading is None:
             return None
-        state: dict[str, Any] = super().state_dict()
-        return self._reading, state
+        return Position(self._reading, self._yielded, super().state_dict())
 
-    def restore(self, epoch: int, state: dict[str, Any]) -> None:
-        """Continue from ``state``, saved by ``position`` in ``epoch``, when next reading ``epoch``."""
-        self._pending = (epoch, state)
+    def restore(self, position: Position) -> None:
+        """Continue from ``position`` when next reading (see the class)."""
+        self._pending = position
 
     def state_dict(self) -> dict[str, Any]:
         return dict(LOOP_STATE)

@@ -107,7 +107,7 @@ def test_bad_quotas_name_the_fix(make_table: Callable[..., TableSpec]) -> None:
     spec = make_table([100])
     with pytest.raises(ValueError, match="rows_per_consumer must be a non-negative int"):
         TableDataset(spec, rows_per_consumer=-1)
-    with pytest.raises(ValueError, match="not a multiple of batch_size 8.*round the quota down"):
+    with pytest.raises(ValueError, match=r"not a multiple of batch_size 8.*round the quota down"):
         TableDataset(spec, batch_size=8, last="require_full", rows_per_consumer=20)
     with pytest.raises(ValueError, match="cannot be counted ahead"):
         TableDataset(spec).batches(1)

@@ -1,0 +1,87 @@
+"""A model that records the row ids it trains on, and a script that runs it under Lightning.
+
+Run as a script it trains one phase of a DDP job (``devices=2``, gloo on CPU) and writes each
+rank's record to ``<out>/<phase>-rank<r>.json``; Lightning starts rank 1 by running this script
+again, so the test that launches it is never forked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from spiral_lightning import SpiralDataModule, Split, TableSpec, WorkItem, balanced
+from spiral_lightning.work import Shard
+from tests.tables import KEEP
+
+
+class Recorder(pl.LightningModule):
+    """Trains a one-weight model on column ``x`` and keeps, for every training batch, the epoch,
+    the global step before it and the batch's ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, self.global_step, batch["id"].tolist()))
+        loss: torch.Tensor = self.layer(batch["x"][:, None]).pow(2).mean()
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+
+def reversed_on_odd_epochs(plan: Sequence[Split], shard: Shard, epoch: int) -> list[WorkItem]:
+    """``balanced`` over the plan, the plan reversed in odd epochs: an epoch-dependent policy."""
+    return balanced(list(plan)[::-1] if epoch % 2 else plan, shard, epoch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--phase", required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--ckpt-path", default=None)
+    parser.add_argument("--filtered", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    callbacks: list[pl.Callback] = []
+    if args.checkpoint_every:
+        callbacks.append(
+            ModelCheckpoint(out / "checkpoints", "{step}", every_n_train_steps=args.checkpoint_every, save_top_k=-1)
+        )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        default_root_dir=out,
+        strategy="ddp",
+        max_epochs=1,
+        max_steps=args.max_steps,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)
+    data = SpiralDataModule(spec, batch_size=args.batch_size, num_workers=2)
+    model = Recorder()
+    trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)
+    record = {"rank": trainer.global_rank, "seen": model.seen}
+    (out / f"{args.phase}-rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
