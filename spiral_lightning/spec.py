@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class FileVersion(NamedTuple):
+    """One file of a pinned file-backed version: its path, size, modification time and the rows
+    of each of its row groups."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    row_groups: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -12,19 +22,25 @@ class TableSpec:
     """A table and how to scan it, cheap to pickle and to write in YAML.
 
     ``uri`` names the table: ``spiral:<local root>`` (ids read from the file ``write_table``
-    leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``, or
-    ``spiral://<project>/<path>[@v<version>]`` for a remote table. ``columns`` selects columns
-    (all when ``None``) and ``filter`` keeps the rows it holds for (a ``spiral.Expression``).
-    ``resolve`` pins the spec to the exact version that every process then reads.
+    leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``,
+    ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table, or
+    ``parquet:<file | folder | glob>`` on any filesystem pyarrow opens. ``columns`` selects
+    columns (all when ``None``). ``filter`` keeps the rows it holds for: text in the filter
+    language (``"label < 5 AND name LIKE 'cat%'"``, the same meaning on every backend) or the
+    backend's native expression (``spiral.Expression``, ``pyarrow.compute.Expression``).
+
+    ``resolve`` pins the spec to the exact version that every process then reads: the ids in a
+    Spiral uri, or the ``files`` of a Parquet version (set by ``resolve``, never by hand).
     """
 
     uri: str
     columns: tuple[str, ...] | None = None
     filter: Any = None
+    files: tuple[FileVersion, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
-            raise ValueError(f"a table uri looks like 'spiral:<root>', not {self.uri!r}")
+            raise ValueError(f"a table uri looks like 'spiral:<root>' or 'parquet:<path>', not {self.uri!r}")
         if self.columns is not None:
             columns: Any = self.columns
             if isinstance(columns, str) or not isinstance(columns, Sequence):
@@ -32,6 +48,10 @@ class TableSpec:
             if not columns or not all(isinstance(name, str) for name in columns):
                 raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
             object.__setattr__(self, "columns", tuple(columns))
+        if isinstance(self.filter, str):
+            from spiral_lightning.filters import parse
+
+            parse(self.filter)
 
     @property
     def scheme(self) -> str:
@@ -40,16 +60,16 @@ class TableSpec:
 
     def resolve(self) -> TableSpec:
         """This spec pinned to one exact version, so every process reads the same rows."""
-        from spiral_lightning.sources import resolve_uri
+        from spiral_lightning.sources import resolve
 
-        return replace(self, uri=resolve_uri(self.uri))
+        return resolve(self)
 
     @property
     def version(self) -> str:
         """The exact version a resolved spec names; ``ValueError`` for an unresolved one."""
         from spiral_lightning.sources import version_of
 
-        return version_of(self.uri)
+        return version_of(self)
 
 
 def as_spec(table: TableSpec | str) -> TableSpec:

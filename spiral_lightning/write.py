@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-
-from spiral_lightning.sources import write_uri
+from spiral_lightning.sources import write
+from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.spec import TableSpec
 
 
 def write_table(
     uri: str,
-    data: pa.Table | pa.RecordBatch | pa.RecordBatchReader,
+    data: ArrowData,
     *,
     split_rows: int = 100_000,
 ) -> TableSpec:
@@ -19,4 +18,4 @@ def write_table(
     overwritten."""
     if isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1:
         raise ValueError(f"split_rows must be a positive int, not {split_rows!r}")
-    return TableSpec(write_uri(uri, data, split_rows))
+    return write(uri, data, split_rows)

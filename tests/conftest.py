@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spiral_lightning import TableSpec
-from tests.tables import layout_table, write_uneven
+from tests.tables import write_layout
 
 # Forkserver children are forked from a server that imported these once, so each DataLoader
 # worker starts quickly instead of importing torch again; the server never opens a table.
@@ -23,10 +24,10 @@ def make_table(tmp_path: Path) -> Callable[..., TableSpec]:
     keyword arguments become the spec's options."""
     count = 0
 
-    def make(split_sizes: Sequence[int], seed: int = 0, **options: Any) -> TableSpec:
+    def make(split_sizes: Sequence[int], seed: int = 0, backend: str = "spiral", **options: Any) -> TableSpec:
         nonlocal count
         count += 1
-        spec = write_uneven(tmp_path / f"table{count}", layout_table(split_sizes, seed), split_sizes)
-        return TableSpec(spec.uri, **options)
+        spec = write_layout(tmp_path / f"table{count}", split_sizes, seed, backend)
+        return replace(spec, **options)
 
     return make

@@ -8,14 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import spiral
 
 from spiral_lightning import TableSpec
 from spiral_lightning.sources.spiral import IDS_FILE
 
-#: Rows with ``score`` below this pass ``KEEP``.
+#: Rows with ``score`` below this pass ``KEEP`` (native Spiral) and ``KEEP_TEXT`` (any backend).
 THRESHOLD = 50
 KEEP = spiral.lt(spiral.column("score"), spiral.literal(THRESHOLD))
+KEEP_TEXT = f"score < {THRESHOLD}"
+#: The backends every invariant test runs on.
+BACKENDS = ("spiral", "parquet")
 
 
 def layout_table(split_sizes: Sequence[int], seed: int = 0) -> pa.Table:
@@ -54,3 +58,28 @@ def kept_ids(split_sizes: Sequence[int], seed: int = 0) -> list[int]:
     data = layout_table(split_sizes, seed)
     score = data.column("score").to_numpy()
     return [int(i) for i in data.column("id").to_numpy()[score < THRESHOLD]]
+
+
+def write_uneven_parquet(root: Path, data: pa.Table, split_sizes: Sequence[int]) -> TableSpec:
+    """``data`` as Parquet files under ``root`` whose row groups hold ``split_sizes`` rows, two
+    files when there are several splits (a row group cannot be empty, so empty splits vanish)."""
+    root.mkdir(parents=True)
+    halves = [split_sizes[: len(split_sizes) // 2], split_sizes[len(split_sizes) // 2 :]]
+    offset = 0
+    for number, sizes in enumerate(halves):
+        if not sizes:
+            continue
+        with pq.ParquetWriter(root / f"part-{number}.parquet", data.schema) as writer:
+            for size in sizes:
+                if size:
+                    writer.write_table(data.slice(offset, size), row_group_size=size)
+                offset += size
+    return TableSpec(f"parquet:{root}").resolve()
+
+
+def write_layout(root: Path, split_sizes: Sequence[int], seed: int, backend: str) -> TableSpec:
+    """``layout_table(split_sizes, seed)`` written by ``backend`` with those splits."""
+    data = layout_table(split_sizes, seed)
+    if backend == "parquet":
+        return write_uneven_parquet(root, data, split_sizes)
+    return write_uneven(root, data, split_sizes)

@@ -14,7 +14,7 @@ import torch
 from spiral_lightning import TableDataset, TableSpec, write_table
 from spiral_lightning.sources import open_source
 from spiral_lightning.sources.spiral import parse
-from tests.tables import KEEP, kept_ids
+from tests.tables import BACKENDS, KEEP, KEEP_TEXT, kept_ids
 
 
 def test_write_table_cuts_one_split_per_split_rows(tmp_path: Path) -> None:
@@ -51,9 +51,10 @@ def test_remote_addresses_parse_to_project_path_and_ids() -> None:
     assert TableSpec("spiral://my-project/datasets/images?resource_id=r&version_id=v").version == "r@v"
 
 
-def test_len_counts_each_ranks_rows_after_the_filter(make_table: Callable[..., TableSpec]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_len_counts_each_ranks_rows_after_the_filter(make_table: Callable[..., TableSpec], backend: str) -> None:
     sizes = [400, 0, 1200, 300, 800]
-    spec = make_table(sizes, seed=7, filter=KEEP)
+    spec = make_table(sizes, seed=7, backend=backend, filter=KEEP_TEXT)
     lengths = [len(TableDataset(spec, rank=rank, world_size=2)) for rank in range(2)]
     delivered = [
         [r for b in TableDataset(spec, rank=rank, world_size=2) for r in b["id"].tolist()] for rank in range(2)

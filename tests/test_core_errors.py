@@ -12,12 +12,14 @@ from torch.utils.data import DataLoader
 
 from spiral_lightning import Shard, Split, TableDataset, TableSpec, WorkItem, stripe, write_table
 from spiral_lightning.state import State
+from tests.tables import BACKENDS
 
 SIZES = [300, 500, 200]
 
 
-def test_unknown_column_is_named(make_table: Callable[..., TableSpec]) -> None:
-    dataset = TableDataset(make_table(SIZES, columns=["id", "nope"]))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unknown_column_is_named(make_table: Callable[..., TableSpec], backend: str) -> None:
+    dataset = TableDataset(make_table(SIZES, backend=backend, columns=["id", "nope"]))
     with pytest.raises(ValueError, match=r"unknown columns \['nope'\].*the table has \['id', 'score', 'x', 'v'\]"):
         len(dataset)
 
@@ -52,7 +54,7 @@ def test_wrong_ids(make_table: Callable[..., TableSpec]) -> None:
 @pytest.mark.parametrize(
     ("uri", "message"),
     [
-        ("parquet:/data", "unknown table scheme 'parquet'"),
+        ("lance:/data", "unknown table scheme .lance."),
         ("spiral:", "looks like 'spiral:<root folder>'"),
         ("spiral://project", r"looks like 'spiral://<project>/<path>\[@v<version>\]'"),
         ("spiral:/t?resource_id=a", "must give both resource_id and version_id"),
@@ -148,11 +150,12 @@ def test_malformed_states(state: object, error: type[Exception], message: str) -
         State.from_dict(state)  # type: ignore[arg-type]
 
 
-def test_write_never_overwrites(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_never_overwrites(tmp_path: Path, backend: str) -> None:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
     with pytest.raises(FileExistsError, match="is not an empty folder; write_table never overwrites"):
-        write_table(f"spiral:{tmp_path / 'busy'}", pa.table({"id": [1]}))
+        write_table(f"{backend}:{tmp_path / 'busy'}", pa.table({"id": [1]}))
     assert (tmp_path / "busy" / "file").read_text() == "x"
 
 

@@ -8,36 +8,38 @@ not copy, so ``open_source`` refuses with the fix instead of failing somewhere d
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
-import pyarrow as pa
-
-from spiral_lightning.sources import spiral as spiral_backend
+from spiral_lightning.sources import parquet, spiral
+from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.sources.protocol import ReadBatch, Source
 from spiral_lightning.spec import TableSpec
 
-__all__ = ["ReadBatch", "Source", "open_source", "resolve_uri", "version_of", "write_uri"]
+__all__ = ["ReadBatch", "Source", "open_source", "resolve", "version_of", "write"]
 
 #: The process that opened this interpreter's first source; another pid here means a fork.
 _opened_in: int | None = None
 
 
-def _backend(uri: str) -> str:
+def _backend(uri: str) -> ModuleType:
     scheme = uri.split(":", 1)[0]
-    if scheme != "spiral":
-        raise ValueError(f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads 'spiral:' tables")
-    return scheme
+    if scheme == "spiral":
+        return spiral
+    if scheme == "parquet":
+        return parquet
+    raise ValueError(f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads 'spiral:' and 'parquet:'")
 
 
-def resolve_uri(uri: str) -> str:
-    """``uri`` pinned to the exact version it names now."""
-    _backend(uri)
-    return spiral_backend.resolve(uri)
+def resolve(spec: TableSpec) -> TableSpec:
+    """``spec`` pinned to the exact version its uri names now."""
+    resolved: TableSpec = _backend(spec.uri).resolve(spec)
+    return resolved
 
 
-def version_of(uri: str) -> str:
-    """The exact version a resolved ``uri`` names."""
-    _backend(uri)
-    return spiral_backend.version(uri)
+def version_of(spec: TableSpec) -> str:
+    """The exact version a resolved ``spec`` names."""
+    name: str = _backend(spec.uri).version(spec)
+    return name
 
 
 def _claim_process() -> None:
@@ -55,13 +57,15 @@ def _claim_process() -> None:
 
 def open_source(spec: TableSpec) -> Source:
     """Open the exact version ``spec`` names (``spec`` must be resolved) in this process."""
-    _backend(spec.uri)
+    backend = _backend(spec.uri)
     _claim_process()
-    return spiral_backend.SpiralSource(spec)
+    source: Source = backend.SpiralSource(spec) if backend is spiral else backend.ParquetSource(spec)
+    return source
 
 
-def write_uri(uri: str, data: pa.Table | pa.RecordBatch | pa.RecordBatchReader, split_rows: int) -> str:
-    """Write ``data`` as a new table at ``uri``; the uri of the version written."""
-    _backend(uri)
+def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
+    """Write ``data`` as a new table at ``uri``; the spec of the version written."""
+    backend = _backend(uri)
     _claim_process()
-    return spiral_backend.write(uri, data, split_rows)
+    spec: TableSpec = backend.write(uri, data, split_rows)
+    return spec

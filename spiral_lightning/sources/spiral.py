@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qs
@@ -15,6 +16,8 @@ from urllib.parse import parse_qs
 import pyarrow as pa
 import spiral
 
+from spiral_lightning import filters
+from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
 from spiral_lightning.sources.protocol import ReadBatch
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.work import Split, WorkItem
@@ -85,23 +88,23 @@ def _format(location: SpiralLocation, resource_id: str, version_id: str) -> str:
     return f"{_REMOTE}{location.project}/{address.split('@', 1)[0]}{query}"
 
 
-def resolve(uri: str) -> str:
-    """``uri`` with the exact ids of the version it names."""
-    location = parse(uri)
+def resolve(spec: TableSpec) -> TableSpec:
+    """``spec`` with the exact ids of the version its uri names."""
+    location = parse(spec.uri)
     if location.resolved:
-        return uri
+        return spec
     if location.root is not None:
         resource_id, version_id = _read_ids(Path(location.root))
     else:
         table = spiral.Client().table(location.project or "", location.path or "")
         resource_id, version_id = table.resource_id, table.version_id
-    return _format(location, resource_id, version_id)
+    return replace(spec, uri=_format(location, resource_id, version_id))
 
 
-def version(uri: str) -> str:
-    location = parse(uri)
+def version(spec: TableSpec) -> str:
+    location = parse(spec.uri)
     if not location.resolved:
-        raise ValueError(f"{uri!r} names no exact version yet; call TableSpec.resolve() first")
+        raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
     return f"{location.resource_id}@{location.version_id}"
 
 
@@ -126,6 +129,17 @@ def _read_ids(root: Path) -> tuple[str, str]:
         ) from error
 
 
+def _native_filter(condition: object, schema: pa.Schema) -> spiral.Expression | None:
+    """The Spiral expression for a spec's filter: compiled from text, or given natively."""
+    if condition is None or isinstance(condition, spiral.Expression):
+        return condition
+    if isinstance(condition, str):
+        return filters.to_spiral(filters.parse(condition), schema, condition)
+    raise TypeError(
+        f"a Spiral table's filter is filter-language text or a spiral.Expression, not {type(condition).__name__}"
+    )
+
+
 class SpiralSource:
     """One Spiral table version opened for a scan with the spec's columns and filter."""
 
@@ -134,18 +148,16 @@ class SpiralSource:
         if not location.resolved:
             raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
         self._uri = spec.uri
-        self._version = version(spec.uri)
-        self._filter = spec.filter
-        if spec.filter is not None and not isinstance(spec.filter, spiral.Expression):
-            raise TypeError(f"a Spiral table's filter must be a spiral.Expression, not {type(spec.filter).__name__}")
+        self._version = version(spec)
         table = self._open_table(location)
         schema = table.schema()
+        self._filter = _native_filter(spec.filter, schema)
         if spec.columns is not None:
             unknown = [name for name in spec.columns if name not in schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
         try:
-            self._scan = table.scan(list(spec.columns) if spec.columns else None, filter=spec.filter)
+            self._scan = table.scan(list(spec.columns) if spec.columns else None, filter=self._filter)
         except spiral.SpiralError as error:
             reason = str(error).split("\n", 1)[0]
             raise ValueError(f"the filter {spec.filter} cannot scan {spec.uri!r}: {reason}") from error
@@ -195,9 +207,9 @@ class SpiralSource:
         return self._scan.take([spiral.Take(split, positions)])
 
 
-def write(uri: str, data: pa.Table | pa.RecordBatch | pa.RecordBatchReader, split_rows: int) -> str:
+def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
     """Write ``data`` as the first version of a new local table, one split per ``split_rows`` rows,
-    and return the uri of that exact version."""
+    and return the spec of that exact version."""
     location = parse(uri)
     if location.root is None or location.resolved:
         raise ValueError(f"write_table writes a new local table, named 'spiral:<empty folder>', not {uri!r}")
@@ -205,46 +217,17 @@ def write(uri: str, data: pa.Table | pa.RecordBatch | pa.RecordBatchReader, spli
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"{str(root)!r} is not an empty folder; write_table never overwrites, pick a new root")
     root.mkdir(parents=True, exist_ok=True)
-    reader = _as_reader(data)
+    reader = as_reader(data)
     writer = spiral.Client.local().create_local_table(root, reader.schema)
-    for split in _splits(reader, split_rows):
-        writer.append(split)
+    for split in chunks(reader, split_rows):
+        writer.append(_bounded(split))
     table = writer.finish()
     (root / IDS_FILE).write_text(json.dumps({"resource_id": table.resource_id, "version_id": table.version_id}))
-    return _format(location, table.resource_id, table.version_id)
+    return TableSpec(_format(location, table.resource_id, table.version_id))
 
 
-def _as_reader(data: pa.Table | pa.RecordBatch | pa.RecordBatchReader) -> pa.RecordBatchReader:
-    if isinstance(data, pa.RecordBatchReader):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        data = pa.Table.from_batches([data])
-    if isinstance(data, pa.Table):
-        return data.to_reader()
-    raise TypeError(f"write_table takes a pyarrow Table, RecordBatch or RecordBatchReader, not {type(data).__name__}")
-
-
-def _splits(reader: pa.RecordBatchReader, split_rows: int) -> Iterator[pa.Table]:
-    """The reader's rows as tables of ``split_rows`` rows (the last shorter), each in chunks
-    within spiral-sdk's input bounds."""
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in reader:
-        offset = 0
-        while offset < batch.num_rows:
-            part = batch.slice(offset, split_rows - rows)
-            pending.append(part)
-            rows += part.num_rows
-            offset += part.num_rows
-            if rows == split_rows:
-                yield _bounded(pending)
-                pending, rows = [], 0
-    if rows:
-        yield _bounded(pending)
-
-
-def _bounded(batches: list[pa.RecordBatch]) -> pa.Table:
-    table = pa.Table.from_batches(batches)
+def _bounded(table: pa.Table) -> pa.Table:
+    """``table`` in chunks within spiral-sdk's input bounds."""
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     chunk = max(1, min(_MAX_BATCH_ROWS, _MAX_BATCH_BYTES // row_bytes))
     return pa.Table.from_batches(table.to_batches(max_chunksize=chunk), schema=table.schema)
