@@ -167,16 +167,20 @@ class SpiralDataModule(pl.LightningDataModule):
         self._train_loader = loader
         return loader
 
-    def val_dataloader(self) -> SpiralLoader:
+    def val_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("val")
 
-    def test_dataloader(self) -> SpiralLoader:
+    def test_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("test")
 
-    def predict_dataloader(self) -> SpiralLoader:
+    def predict_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("predict")
 
-    def _eval_loader(self, stage: Stage) -> SpiralLoader:
+    def _eval_loader(self, stage: Stage) -> SpiralLoader | list[SpiralLoader]:
+        """The loader of ``stage``; no loaders (an empty list, which Lightning skips) when the
+        DataModule has no table for it, so fitting without a val table trains without validating."""
+        if stage not in self.tables and stage == "val":
+            return []
         dataset = self._dataset(stage)
         return SpiralLoader(dataset, batches=dataset.batches(self.num_workers), **self._options())
 

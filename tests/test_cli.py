@@ -1,0 +1,84 @@
+"""The ``spiral-lightning`` command line: YAML experiments through LightningCLI, resume with
+``--ckpt_path last``, and the errors of bad configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spiral_lightning.cli import main
+from spiral_lightning.demo import demo_table
+
+
+def config(tmp_path: Path, root: Path, data_options: str = "") -> Path:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(
+        f"""
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_epochs: 1
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: false
+  default_root_dir: {tmp_path}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args:
+        dirpath: {tmp_path / "checkpoints"}
+        every_n_train_steps: 2
+        save_last: true
+model:
+  class_path: spiral_lightning.demo.DemoModel
+data:
+  class_path: spiral_lightning.demo.DemoDataModule
+  init_args:
+    root: {root}
+    rows: 2000
+    val_from: 1600
+    batch_size: 100
+{data_options}"""
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_fit_creates_the_demo_table_and_resumes_from_last(tmp_path: Path) -> None:
+    root = tmp_path / "demo"
+    experiment = config(tmp_path, root)
+    main(["fit", "--config", str(experiment), "--trainer.max_steps", "6"])
+    assert demo_table(root).version
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 6
+    position = last["DemoDataModule"]["ranks"][0]["position"]
+    assert (position["epoch"], position["batches"]) == (0, 6)
+    main(["fit", "--config", str(experiment), "--ckpt_path", "last"])
+    finished = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    # 1600 training rows in batches of 100: the resumed run trains the 10 batches left.
+    assert finished["global_step"] == 16
+    assert finished["DemoDataModule"]["ranks"][0]["position"]["batches"] == 16
+
+
+def test_unknown_config_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    experiment = config(tmp_path, tmp_path / "demo", "    batchsize: 10\n")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(experiment)])
+    assert "batchsize" in capsys.readouterr().err
+
+
+def test_missing_table_is_named(tmp_path: Path) -> None:
+    experiment = tmp_path / "missing.yaml"
+    experiment.write_text(
+        f"""
+trainer: {{accelerator: cpu, devices: 1, max_steps: 1, logger: false, enable_progress_bar: false,
+          default_root_dir: {tmp_path}}}
+model: {{class_path: spiral_lightning.demo.DemoModel}}
+data:
+  class_path: spiral_lightning.SpiralDataModule
+  init_args: {{train: "spiral:{tmp_path / "nowhere"}"}}
+"""
+    )
+    with pytest.raises(FileNotFoundError, match=r"no Spiral table at .*nowhere"):
+        main(["fit", "--config", str(experiment)])
