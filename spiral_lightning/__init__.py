@@ -1,13 +1,18 @@
 """spiral-lightning: exact, resumable training data from tables into PyTorch, Lightning and Ray."""
 
-from spiral_lightning.datamodule import SpiralDataModule
+from typing import TYPE_CHECKING, Any
+
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.loader import SpiralLoader
+from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import Policy, Shard, Split, WorkItem, balanced, stripe
 from spiral_lightning.write import write_table
+
+if TYPE_CHECKING:
+    from spiral_lightning.datamodule import SpiralDataModule
 
 __all__ = [
     "Cursor",
@@ -18,6 +23,7 @@ __all__ = [
     "Split",
     "State",
     "TableDataset",
+    "TableMapDataset",
     "TableSpec",
     "WorkItem",
     "balanced",
@@ -25,3 +31,13 @@ __all__ = [
     "to_torch",
     "write_table",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lightning takes seconds to import; DataLoader workers import this package to unpickle a
+    # dataset and never need it, so the DataModule loads on first use.
+    if name == "SpiralDataModule":
+        from spiral_lightning.datamodule import SpiralDataModule
+
+        return SpiralDataModule
+    raise AttributeError(f"module 'spiral_lightning' has no attribute {name!r}")

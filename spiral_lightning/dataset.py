@@ -12,6 +12,7 @@ import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
 from spiral_lightning.frames import LAST_MODES, Last, read_frames, start_of
+from spiral_lightning.media import Where, project
 from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
@@ -26,7 +27,9 @@ class TableDataset(IterableDataset[Any]):
     ``stripe``. Each consumer cuts its rows into frames of ``batch_size`` rows (read batches as
     they come when ``None``); ``last`` decides the rows after its last full frame. ``collate``
     turns each frame into what the dataset yields: tensors by default, the Arrow batch when
-    ``None``. ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
+    ``None``. The spec's media projections then decode their columns; rows dropped by
+    ``on_error="skip"`` make their batch shorter and are counted in ``skipped`` and the state.
+    ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
     work list and drops the rest, so consumers with unequal shares yield equal batches. Use it
     with ``DataLoader(batch_size=None)``; workers need ``multiprocessing_context="forkserver"``
     or ``"spawn"`` once the parent has read a table.
@@ -67,6 +70,8 @@ class TableDataset(IterableDataset[Any]):
         self.world_size = 1 if world_size is None else world_size
         Shard(self.rank, self.world_size).check()
         self.spec = as_spec(spec).resolve()
+        if self.spec.media and collate is None:
+            raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
         self.batch_size = batch_size
         self.last: Last = last
         self.policy = policy
@@ -77,6 +82,7 @@ class TableDataset(IterableDataset[Any]):
         self._cursor: Cursor | None = None
         self._work: str | None = None
         self._delivered = 0
+        self.skipped = 0
         self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
@@ -167,6 +173,7 @@ class TableDataset(IterableDataset[Any]):
             cursor=self._cursor,
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
+            skipped=self.skipped,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -199,17 +206,33 @@ class TableDataset(IterableDataset[Any]):
                     f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
                     "the policy must depend only on the plan, the shard and the epoch"
                 )
-            cursor, delivered = resume.cursor, resume.delivered
+            cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
+        else:
+            skipped = 0
         self._work = work
         self._cursor = cursor
         self._delivered = delivered
+        self.skipped = skipped
         frames = read_frames(source, items, cursor, self.batch_size, self.last)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
         for frame, after in frames:
             self._cursor = after
+            first_row = self._delivered
             self._delivered += frame.num_rows
-            yield frame if self.collate is None else self.collate(frame)
+            if self.collate is None:
+                yield frame
+            elif not self.spec.media:
+                yield self.collate(frame)
+            else:
+                yield self._decode(self.collate(frame), shard, first_row)
+
+    def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:
+        """``batch`` with the spec's media decoded; rows skipped for bad media are counted."""
+        where = Where(f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})", first_row)
+        projected = project(batch, self.spec.media, where, on_error=self.spec.on_error)
+        self.skipped += len(projected.skipped)
+        return projected.batch
 
 
 def _within(

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from spiral_lightning.media import ON_ERROR, Image, OnError, Video
+
 
 class FileVersion(NamedTuple):
     """One file of a pinned file-backed version: its path, size, modification time and the rows
@@ -31,12 +33,18 @@ class TableSpec:
 
     ``resolve`` pins the spec to the exact version that every process then reads: the ids in a
     Spiral uri, or the ``files`` of a Parquet version (set by ``resolve``, never by hand).
+
+    ``media`` decodes encoded columns (binary, or Spiral blobs) into tensors: ``Image`` and
+    ``Video`` projections. A row that cannot be decoded raises, naming the table, column and row;
+    with ``on_error="skip"`` it is dropped instead and counted.
     """
 
     uri: str
     columns: tuple[str, ...] | None = None
     filter: Any = None
     files: tuple[FileVersion, ...] | None = None
+    media: tuple[Image | Video, ...] = ()
+    on_error: OnError = "raise"
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
@@ -48,6 +56,12 @@ class TableSpec:
             if not columns or not all(isinstance(name, str) for name in columns):
                 raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
             object.__setattr__(self, "columns", tuple(columns))
+        media: Any = self.media
+        if isinstance(media, Image | Video) or not all(isinstance(item, Image | Video) for item in media):
+            raise TypeError(f"media must be a list of Image and Video projections, not {media!r}")
+        object.__setattr__(self, "media", tuple(media))
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
         if isinstance(self.filter, str):
             from spiral_lightning.filters import parse
 

@@ -32,7 +32,8 @@ class State:
     and ``work`` the fingerprint of the work list the cursor points into. ``cursor`` is ``None``
     before the consumer delivered its first row of the epoch. ``rows_per_consumer`` is the quota of
     rows the consumer stops after (``None``: no quota) and ``delivered`` the rows it delivered this
-    epoch, so a resumed consumer stops at the same row as an uninterrupted one.
+    epoch, so a resumed consumer stops at the same row as an uninterrupted one. ``skipped`` counts
+    the rows of the epoch whose media could not be decoded and were dropped (``on_error="skip"``).
     """
 
     version: str
@@ -44,6 +45,7 @@ class State:
     cursor: Cursor | None
     rows_per_consumer: int | None = None
     delivered: int = 0
+    skipped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a state survives ``torch.save`` and JSON alike.
@@ -64,6 +66,8 @@ class State:
         if self.rows_per_consumer is not None:
             data["rows_per_consumer"] = self.rows_per_consumer
             data["delivered"] = self.delivered
+        if self.skipped:
+            data["skipped"] = self.skipped
         return data
 
     @classmethod
@@ -93,6 +97,9 @@ class State:
             raise ValueError(f"the state's rows_per_consumer must be a non-negative int or None, not {quota!r}")
         if not _is_int(delivered) or delivered < 0:
             raise ValueError(f"the state's delivered must be a non-negative int, not {delivered!r}")
+        skipped = data.get("skipped", 0)
+        if not _is_int(skipped) or skipped < 0:
+            raise ValueError(f"the state's skipped must be a non-negative int, not {skipped!r}")
         for name in ("version", "policy"):
             if not isinstance(data[name], str):
                 raise TypeError(f"the state's {name} must be a string, not {data[name]!r}")
@@ -108,6 +115,7 @@ class State:
             cursor=None if cursor is None else Cursor(*cursor),
             rows_per_consumer=quota,
             delivered=delivered,
+            skipped=skipped,
         )
 
     def check_matches(self, current: State) -> None:
