@@ -136,9 +136,10 @@ class SpiralDataModule(pl.LightningDataModule):
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
         if self.trainer is None:
             return spec.resolve()
-        uri = spec.resolve().uri if self.trainer.global_rank == 0 else ""
-        shared: str = self.trainer.strategy.broadcast(uri, src=0)
-        return dataclasses.replace(spec, uri=shared)
+        # The whole spec travels: a Parquet version lives in its files, not in its uri.
+        resolved = spec.resolve() if self.trainer.global_rank == 0 else spec
+        shared: TableSpec = self.trainer.strategy.broadcast(resolved, src=0)
+        return shared
 
     def _dataset(self, stage: Stage) -> TableDataset:
         if stage not in self.datasets:

@@ -149,7 +149,7 @@ class ParquetSource:
         self._columns = list(spec.columns) if spec.columns is not None else schema.names
         self._filter, self._filter_columns = _native_filter(spec.filter, schema)
         self._read_columns = self._columns + [name for name in self._filter_columns if name not in self._columns]
-        self._schema = pa.schema([schema.field(name) for name in self._columns])
+        self._schema = pa.schema([schema.field(name) for name in self._columns], metadata=schema.metadata)
         self._kept_rows: dict[int, np.ndarray] = {}
         self._groups = [
             (file, group) for file, opened in enumerate(self._files) for group in range(opened.num_row_groups)
