@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qs
 
+import numpy as np
 import pyarrow as pa
 import spiral
 
@@ -202,9 +204,73 @@ class SpiralSource:
         return self._scan.count_rows([spiral.WorkItem(*item) for item in items])
 
     def take(self, split: int, positions: Sequence[int]) -> pa.Table:
-        if self._filter is not None:
-            raise ValueError(f"positions of a filtered Spiral scan of {self._uri!r} cannot be taken")
-        return self._scan.take([spiral.Take(split, positions)])
+        if self._filter is None:
+            return self._scan.take([spiral.Take(split, positions)])
+        return self._unfiltered.take(split, positions)
+
+    @cached_property
+    def _unfiltered(self) -> _KeptRows:
+        """What filtered takes read through, opened on the first one: spiral-sdk takes no
+        positions from a filtered scan."""
+        if self._filter is None:
+            raise ValueError(f"the scan of {self._uri!r} has no filter; it takes positions itself")
+        table = self._open_table(parse(self._uri))
+        return _KeptRows(table, self._scan.schema.names, self._filter, self._scan.splits)
+
+
+class _KeptRows:
+    """Positions of a filtered scan taken from an unfiltered scan of the same version.
+
+    A kept row is a stored row the filter holds for; position ``p`` of a filtered split is its
+    ``p``-th kept row. The filter prunes splits, so a filtered split is found in the unfiltered
+    plan by its fragment and stored rows, never by its index. Each split's kept rows are found
+    once, on its first take, by evaluating the filter as the only projected column, which reads
+    only the filter's columns.
+    """
+
+    def __init__(
+        self, table: spiral.Table, columns: Sequence[str], condition: spiral.Expression, splits: Sequence[spiral.Split]
+    ) -> None:
+        self._rows = table.scan(list(columns))
+        self._keys = table.scan(projection={"keep": condition})
+        self._splits = list(splits)
+        self._in_rows = [_containing(self._rows.splits, split) for split in self._splits]
+        self._in_keys = [_containing(self._keys.splits, split) for split in self._splits]
+        self._kept: dict[int, np.ndarray] = {}
+
+    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
+        wanted = np.asarray(positions, dtype=np.int64)
+        kept = self._kept_rows(split)
+        if wanted.size and (wanted.min() < 0 or wanted.max() >= kept.size):
+            outside = int(wanted[(wanted < 0) | (wanted >= kept.size)][0])
+            raise IndexError(
+                f"position {outside} is outside split {split} of the filtered scan, which keeps {kept.size} rows"
+            )
+        index, start = self._in_rows[split]
+        return self._rows.take([spiral.Take(index, (kept[wanted] - start).tolist())])
+
+    def _kept_rows(self, split: int) -> np.ndarray:
+        """The stored rows (fragment row numbers) of filtered ``split`` that the filter keeps."""
+        if split not in self._kept:
+            index, _ = self._in_keys[split]
+            planned = self._splits[split]
+            keep = [
+                batch.column(0)
+                for batch, _, _ in self._keys.read_work([spiral.WorkItem(index, planned.start, planned.end)])
+            ]
+            # A filter that is null for a row drops it, as the filtered scan does.
+            mask = pa.chunked_array(keep, pa.bool_()).fill_null(False).to_numpy()
+            self._kept[split] = np.flatnonzero(mask) + planned.start
+        return self._kept[split]
+
+
+def _containing(plan: Sequence[spiral.Split], split: spiral.Split) -> tuple[int, int]:
+    """The index and first stored row of the split of ``plan`` that holds every stored row of
+    ``split``, a split of another scan of the same version."""
+    for index, candidate in enumerate(plan):
+        if candidate.fragment == split.fragment and candidate.start <= split.start and split.end <= candidate.end:
+            return index, candidate.start
+    raise ValueError(f"no split of the unfiltered scan holds fragment {split.fragment} rows {split.start}..{split.end}")
 
 
 def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:

@@ -1,0 +1,143 @@
+"""TableMapDataset: random access by row number over an exact table version, for samplers."""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset
+
+from spiral_lightning.sources import Source, open_source
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.tensors import to_torch
+from spiral_lightning.work import WorkItem
+
+#: One row as ``TableMapDataset`` returns it: each column's value by column name.
+Row = dict[str, Any]
+
+
+class TableMapDataset(Dataset[Any]):
+    """The rows of one table version after the filter, numbered ``0 .. len - 1`` in stored order.
+
+    A row number (an index) counts the rows the scan returns, split after split, so index ``i``
+    is the ``i``-th row a full scan of the same spec reads. ``dataset[i]`` is a row: a dict with
+    one value per column, a tensor (``[]`` for a scalar column, ``[4]`` for a ``float32[4]``
+    column) or a Python value for strings, binary, ragged lists and nulls, as ``to_torch`` makes
+    them. Tensors are copies that belong to the row, so ``transform(row)`` may modify them in
+    place.
+
+    ``__getitems__(indices)`` (which ``DataLoader`` calls with a whole batch of indices) and
+    ``_getitems`` (which Grain calls) return the rows of ``indices`` as a list, in request order,
+    repeats included, the same rows ``[dataset[i] for i in indices]`` gives. They read each split
+    once, with one positional read for all its indices. Returning rows rather than a collated
+    batch keeps the contract of every sampler and collate function: ``DataLoader(batch_size=B)``
+    with the default collate stacks them into ``[B, ...]`` tensors.
+
+    The spec is pinned to one version when the dataset is built, and the rows each split returns
+    are counted once, reading only the filter's columns. Only the spec, the transform and those
+    counts are pickled; the source opens in the process that reads, again after a fork or spawn,
+    so one instance serves DataLoader workers (``multiprocessing_context="forkserver"`` or
+    ``"spawn"`` once the parent has read a table) and DDP ranks alike.
+    """
+
+    def __init__(self, spec: TableSpec | str, *, transform: Callable[[Row], Any] | None = None) -> None:
+        self.spec = as_spec(spec).resolve()
+        self.transform = transform
+        self._ends: np.ndarray | None = None
+        self._source: Source | None = None
+        self._source_pid: int | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_source"] = None
+        state["_source_pid"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def source(self) -> Source:
+        """The table version opened in this process (opened on first use, once per process)."""
+        # Grain reads from several threads; one lock keeps them to one source per process.
+        with self._lock:
+            pid = os.getpid()
+            if self._source is None or self._source_pid != pid:
+                self._source = open_source(self.spec)
+                self._source_pid = pid
+            return self._source
+
+    def _split_ends(self) -> np.ndarray:
+        """The index after the last row of each split: the running total of exact split counts."""
+        if self._ends is None:
+            source = self.source()
+            counts = source.count([WorkItem(split.id, split.start, split.end) for split in source.splits])
+            self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+        return self._ends
+
+    def __len__(self) -> int:
+        ends = self._split_ends()
+        return int(ends[-1]) if ends.size else 0
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        rows = self._rows(indices)
+        if self.transform is None:
+            return rows
+        return [self.transform(row) for row in rows]
+
+    _getitems = __getitems__
+
+    def _rows(self, indices: Sequence[int]) -> list[Row]:
+        """The rows of ``indices`` in request order, each split read once."""
+        wanted = self._checked(indices)
+        if not wanted.size:
+            return []
+        source = self.source()
+        ends = self._split_ends()
+        # The vectorized bisect: the first split whose end lies past the index holds it.
+        held_by = np.searchsorted(ends, wanted, side="right")
+        positions = wanted - np.concatenate(([0], ends))[held_by]
+        order = np.argsort(held_by, kind="stable")
+        first_of_run = np.flatnonzero(np.diff(held_by[order], prepend=-1))
+        tables = [
+            source.take(source.splits[int(held_by[run[0]])].id, positions[run].tolist())
+            for run in np.split(order, first_of_run[1:])
+        ]
+        batch = pa.concat_tables(tables).combine_chunks().to_batches()[0]
+        # Row k of the batch answers request order[k]; reading it back through the inverse
+        # permutation restores request order, and torch's gather copies tensors out of Arrow.
+        back = np.empty_like(order)
+        back[order] = np.arange(order.size)
+        columns = {name: _reordered(values, back) for name, values in to_torch(batch).items()}
+        return [{name: values[k] for name, values in columns.items()} for k in range(wanted.size)]
+
+    def _checked(self, indices: Sequence[int]) -> np.ndarray:
+        """``indices`` as int64, or ``IndexError`` naming the length for any outside it."""
+        wanted = np.fromiter((operator.index(index) for index in indices), dtype=np.int64, count=len(indices))
+        length = len(self)
+        outside = (wanted < 0) | (wanted >= length)
+        if outside.any():
+            raise IndexError(
+                f"index {int(wanted[outside][0])} is out of range for a TableMapDataset of {length} rows "
+                f"(valid indices are 0..{length - 1}; negative indices are not accepted)"
+            )
+        return wanted
+
+
+def _reordered(values: torch.Tensor | list[Any], order: np.ndarray) -> Sequence[Any]:
+    """``values`` in ``order``: a tensor as one gathered copy split into per-row views, a list
+    item by item."""
+    if isinstance(values, torch.Tensor):
+        return values[torch.from_numpy(order)].unbind(0)
+    return [values[k] for k in order.tolist()]
