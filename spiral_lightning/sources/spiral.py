@@ -6,6 +6,7 @@ remote tables are addressed as ``spiral://<project>/<path>[@v<version>]`` and re
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -131,6 +132,20 @@ def _read_ids(root: Path) -> tuple[str, str]:
         ) from error
 
 
+def _schema_metadata(location: SpiralLocation) -> dict[bytes, bytes]:
+    """The schema metadata ``write_table`` kept beside a local table of this version, if any."""
+    if location.root is None:
+        return {}
+    try:
+        ids = json.loads((Path(location.root) / IDS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if ids.get("version_id") != location.version_id:
+        return {}
+    saved = ids.get("schema_metadata") or {}
+    return {base64.b64decode(key): base64.b64decode(value) for key, value in saved.items()}
+
+
 def _native_filter(condition: object, schema: pa.Schema) -> spiral.Expression | None:
     """The Spiral expression for a spec's filter: compiled from text, or given natively."""
     if condition is None or isinstance(condition, spiral.Expression):
@@ -140,6 +155,31 @@ def _native_filter(condition: object, schema: pa.Schema) -> spiral.Expression | 
     raise TypeError(
         f"a Spiral table's filter is filter-language text or a spiral.Expression, not {type(condition).__name__}"
     )
+
+
+#: The Arrow extension of Spiral's blob columns, whose payloads live in their own objects.
+_BLOB = "spql.Blob"
+
+
+def _is_blob(field: pa.Field) -> bool:
+    """Whether ``field`` is a blob column, with ``spiral.types`` imported (a registered extension
+    type) or not (the extension's name in the field's metadata)."""
+    if isinstance(field.type, pa.BaseExtensionType):
+        return bool(field.type.extension_name == _BLOB)
+    return (field.metadata or {}).get(b"ARROW:extension:name") == _BLOB.encode()
+
+
+def _blob_projection(schema: pa.Schema, columns: Sequence[str]) -> dict[str, spiral.Expression] | None:
+    """The selected columns with each blob column's payload bytes read inside the scan (a blob
+    reference is of no use to a training loop, and the scan reads payloads in bulk); ``None``
+    when no selected column is a blob, so plain scans keep their column selection."""
+    blobs = {name for name in columns if _is_blob(schema.field(name))}
+    if not blobs:
+        return None
+    return {
+        name: spiral.call("spql.io.read_bytes", spiral.column(name)) if name in blobs else spiral.column(name)
+        for name in columns
+    }
 
 
 class SpiralSource:
@@ -158,14 +198,21 @@ class SpiralSource:
             unknown = [name for name in spec.columns if name not in schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
+        self._selected = list(spec.columns or schema.names)
+        self._projection = _blob_projection(schema, self._selected)
         try:
-            self._scan = table.scan(list(spec.columns) if spec.columns else None, filter=self._filter)
+            self._scan = table.scan(self._columns(), projection=self._projection, filter=self._filter)
         except spiral.SpiralError as error:
             reason = str(error).split("\n", 1)[0]
             raise ValueError(f"the filter {spec.filter} cannot scan {spec.uri!r}: {reason}") from error
+        self._metadata = _schema_metadata(location)
         self._splits = [
             Split(index, split.start, split.end, split.estimated_rows) for index, split in enumerate(self._scan.splits)
         ]
+
+    def _columns(self) -> list[str] | None:
+        """The columns a scan selects by name: none when the blob projection names them all."""
+        return None if self._projection else self._selected
 
     @staticmethod
     def _open_table(location: SpiralLocation) -> spiral.Table:
@@ -191,7 +238,7 @@ class SpiralSource:
 
     @property
     def schema(self) -> pa.Schema:
-        return self._scan.schema
+        return self._scan.schema.with_metadata(self._metadata) if self._metadata else self._scan.schema
 
     @property
     def splits(self) -> Sequence[Split]:
@@ -215,7 +262,8 @@ class SpiralSource:
         if self._filter is None:
             raise ValueError(f"the scan of {self._uri!r} has no filter; it takes positions itself")
         table = self._open_table(parse(self._uri))
-        return _KeptRows(table, self._scan.schema.names, self._filter, self._scan.splits)
+        rows = table.scan(self._columns(), projection=self._projection)
+        return _KeptRows(table, rows, self._filter, self._scan.splits)
 
 
 class _KeptRows:
@@ -229,9 +277,9 @@ class _KeptRows:
     """
 
     def __init__(
-        self, table: spiral.Table, columns: Sequence[str], condition: spiral.Expression, splits: Sequence[spiral.Split]
+        self, table: spiral.Table, rows: spiral.Scan, condition: spiral.Expression, splits: Sequence[spiral.Split]
     ) -> None:
-        self._rows = table.scan(list(columns))
+        self._rows = rows
         self._keys = table.scan(projection={"keep": condition})
         self._splits = list(splits)
         self._in_rows = [_containing(self._rows.splits, split) for split in self._splits]
@@ -288,7 +336,16 @@ def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
     for split in chunks(reader, split_rows):
         writer.append(_bounded(split))
     table = writer.finish()
-    (root / IDS_FILE).write_text(json.dumps({"resource_id": table.resource_id, "version_id": table.version_id}))
+    ids = {
+        "resource_id": table.resource_id,
+        "version_id": table.version_id,
+        # Local Spiral tables keep no schema metadata (class names, for one), so it lives here.
+        "schema_metadata": {
+            base64.b64encode(key).decode(): base64.b64encode(value).decode()
+            for key, value in (reader.schema.metadata or {}).items()
+        },
+    }
+    (root / IDS_FILE).write_text(json.dumps(ids))
     return TableSpec(_format(location, table.resource_id, table.version_id))
 
 

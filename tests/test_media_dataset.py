@@ -1,0 +1,125 @@
+"""Media projections through TableDataset: Spiral blobs, Spiral binary and Parquet binary columns
+decoded in worker processes into stacked tensors, with exact errors and counted skips."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import spiral
+import spiral.types
+import torch
+from PIL import Image as PILImage
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
+from spiral_lightning.ingest import classes_of, ingest_images
+from spiral_lightning.media import DecodeError, Image
+from spiral_lightning.sources.spiral import IDS_FILE
+
+ROWS = 12
+BROKEN = {5}
+
+
+def jpeg(row: int) -> bytes:
+    """A solid image whose red level encodes the row, in a size that varies by row."""
+    buffer = io.BytesIO()
+    PILImage.new("RGB", (20 + row, 10 + row % 3), (row * 20, 100, 200)).save(buffer, "JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def payloads() -> list[bytes]:
+    return [b"not an image" if row in BROKEN else jpeg(row) for row in range(ROWS)]
+
+
+def spiral_blob_table(root: Path) -> TableSpec:
+    """A Spiral table whose images are stored as packed blobs, as Spiral's own writers store them."""
+    schema = pa.schema([("id", pa.int64()), ("img", spiral.types.Blob._instance())])
+    writer = spiral.Client.local().create_local_table(root, schema)
+    blobs = writer.pack_blobs([(data, "image/jpeg") for data in payloads()])
+    writer.append(pa.table({"id": list(range(ROWS)), "img": blobs}, schema=schema))
+    table = writer.finish()
+    (root / IDS_FILE).write_text(json.dumps({"resource_id": table.resource_id, "version_id": table.version_id}))
+    return TableSpec(f"spiral:{root}").resolve()
+
+
+def binary_table(root: Path, backend: str) -> TableSpec:
+    data = pa.table({"id": pa.array(range(ROWS), pa.int64()), "img": pa.array(payloads(), pa.binary())})
+    return write_table(f"{backend}:{root}", data, split_rows=5)
+
+
+@pytest.fixture(params=["spiral-blob", "spiral", "parquet"])
+def images(request: pytest.FixtureRequest, tmp_path: Path) -> TableSpec:
+    if request.param == "spiral-blob":
+        return spiral_blob_table(tmp_path / "t")
+    return binary_table(tmp_path / "t", request.param)
+
+
+RESIZE = Image("img", size=(16, 12), layout="CHW", dtype="float32", normalize="unit")
+
+
+def with_media(spec: TableSpec, on_error: str = "raise") -> TableSpec:
+    return TableSpec(spec.uri, files=spec.files, media=(RESIZE,), on_error=on_error)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_images_arrive_as_one_tensor_per_batch_from_worker_processes(images: TableSpec) -> None:
+    dataset = TableDataset(with_media(images, "skip"), batch_size=4)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    seen: list[int] = []
+    for batch in loader:
+        rows = batch["id"].tolist()
+        assert batch["img"].shape == (len(rows), 3, 12, 16) and batch["img"].dtype == torch.float32
+        red = batch["img"][:, 0].mean(dim=(1, 2))
+        assert torch.allclose(red, torch.tensor([row * 20 / 255 for row in rows]), atol=0.03)
+        assert torch.allclose(batch["img"][:, 2].mean(dim=(1, 2)), torch.full((len(rows),), 200 / 255), atol=0.03)
+        seen += rows
+    assert sorted(seen) == [row for row in range(ROWS) if row not in BROKEN]
+
+
+def test_a_row_that_does_not_decode_is_named(images: TableSpec) -> None:
+    dataset = TableDataset(with_media(images), batch_size=4)
+    with pytest.raises(DecodeError, match=r"cannot decode column 'img' of .*\(rank 0, worker 0\), row 5") as error:
+        list(dataset)
+    assert images.uri in str(error.value)
+
+
+def test_skipped_rows_are_counted_in_the_state_and_survive_a_resume(images: TableSpec) -> None:
+    spec = with_media(images, "skip")
+    whole = [batch["id"].tolist() for batch in TableDataset(spec, batch_size=4)]
+    assert [row for batch in whole for row in batch] == [row for row in range(ROWS) if row not in BROKEN]
+    assert [len(batch) for batch in whole] == [4, 3, 4]
+    loader = StatefulDataLoader(TableDataset(spec, batch_size=4), batch_size=None)
+    delivering = iter(loader)
+    first, second = next(delivering), next(delivering)
+    state = loader.state_dict()
+    assert state["dataset_state"]["skipped"] == 1
+    resumed = StatefulDataLoader(TableDataset(spec, batch_size=4), batch_size=None)
+    resumed.load_state_dict(state)
+    rest = [batch["id"].tolist() for batch in resumed]
+    assert [first["id"].tolist(), second["id"].tolist(), *rest] == whole
+
+
+def test_ingested_class_names_survive_a_spiral_table(tmp_path: Path) -> None:
+    for label, name in enumerate(["cat", "dog"]):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        for row in range(3):
+            (tmp_path / "src" / name / f"{row}.jpg").write_bytes(jpeg(label * 3 + row))
+    report = ingest_images(tmp_path / "src", f"spiral:{tmp_path / 't'}", split_rows=4, progress=False)
+    dataset = TableDataset(TableSpec(report.spec.uri, media=(Image("image", size=(8, 8)),)), batch_size=6)
+    assert classes_of(dataset.source().schema) == ("cat", "dog")
+    batch = next(iter(dataset))
+    assert batch["image"].shape == (6, 8, 8, 3) and batch["image"].dtype == torch.uint8
+    assert batch["label"].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("condition", [None, "id > 2"])
+def test_random_access_reads_blob_bytes_with_and_without_a_filter(tmp_path: Path, condition: str | None) -> None:
+    spec = spiral_blob_table(tmp_path / "t")
+    rows = TableMapDataset(TableSpec(spec.uri, filter=condition))
+    first = 3 if condition else 0
+    assert [row["img"] for row in rows.__getitems__([1, 0])] == [payloads()[first + 1], payloads()[first]]
