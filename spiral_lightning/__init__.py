@@ -8,7 +8,7 @@ from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
-from spiral_lightning.work import Policy, Shard, Split, WorkItem, balanced, stripe
+from spiral_lightning.work import Policy, Shard, Shuffled, Split, WorkItem, balanced, stripe
 from spiral_lightning.write import write_table
 
 if TYPE_CHECKING:
@@ -18,6 +18,7 @@ __all__ = [
     "Cursor",
     "Policy",
     "Shard",
+    "Shuffled",
     "SpiralDataModule",
     "SpiralLoader",
     "Split",

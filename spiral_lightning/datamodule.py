@@ -16,7 +16,7 @@ from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.work import Policy, Shard, balanced, fingerprint, stripe
+from spiral_lightning.work import Policy, Shard, Shuffled, balanced, fingerprint, stripe
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
 STATE_FORMAT = 1
@@ -40,7 +40,8 @@ class SpiralDataModule(pl.LightningDataModule):
 
     Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
     and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
-    (``"balanced"``, ``"stripe"``, or ``"module.function"``). ``setup`` takes rank and world size
+    (``"balanced"``, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``: a new order every
+    epoch), or ``"module.function"``). ``setup`` takes rank and world size
     from the Trainer and pins each table to one version, resolved on rank 0 and shared with the
     other ranks.
 
@@ -66,6 +67,7 @@ class SpiralDataModule(pl.LightningDataModule):
         batch_size: int = 256,
         num_workers: int = 0,
         policy: str | Policy = "balanced",
+        seed: int = 0,
         last: Last = "keep_partial",
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -97,7 +99,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 self.tables[stage] = _with_options(as_spec(table), columns, filter)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.policy = resolve_policy(policy)
+        self.policy = Shuffled(seed=seed) if policy == "shuffled" else resolve_policy(policy)
         self.last: Last = last
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -309,7 +311,8 @@ def resolve_policy(policy: str | Policy) -> Policy:
             found = None
     if not callable(found):
         raise ValueError(
-            f"unknown policy {policy!r}; name one of {sorted(POLICIES)} or a function as 'module.function'"
+            f"unknown policy {policy!r}; name one of {[*sorted(POLICIES), 'shuffled']} "
+            "or a function as 'module.function'"
         )
     policy_function: Policy = found
     return policy_function

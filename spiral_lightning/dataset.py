@@ -11,13 +11,14 @@ import pyarrow as pa
 import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
-from spiral_lightning.frames import LAST_MODES, Last, read_frames, start_of
+from spiral_lightning.frames import LAST_MODES, Last, cut, read_frames, start_of
 from spiral_lightning.media import Where, project
+from spiral_lightning.shuffle import shuffled_chunks
 from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
-from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
+from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
 
 
 class TableDataset(IterableDataset[Any]):
@@ -213,7 +214,7 @@ class TableDataset(IterableDataset[Any]):
         self._cursor = cursor
         self._delivered = delivered
         self.skipped = skipped
-        frames = read_frames(source, items, cursor, self.batch_size, self.last)
+        frames = self._frames(source, items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
         for frame, after in frames:
@@ -226,6 +227,17 @@ class TableDataset(IterableDataset[Any]):
                 yield self.collate(frame)
             else:
                 yield self._decode(self.collate(frame), shard, first_row)
+
+    def _frames(
+        self, source: Source, items: list[WorkItem], cursor: Cursor, shard: Shard
+    ) -> Iterator[tuple[pa.RecordBatch, Cursor]]:
+        """The consumer's frames from ``cursor``, shuffled within windows when the policy asks."""
+        policy = self.policy
+        if not isinstance(policy, Shuffled) or not policy.buffer_rows:
+            return read_frames(source, items, cursor, self.batch_size, self.last)
+        key = (policy.seed, self.epoch, *shard)
+        chunks = shuffled_chunks(source, items, cursor, policy.buffer_rows, key)
+        return cut(chunks, self.batch_size, self.last, Cursor(len(items), 0))
 
     def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:
         """``batch`` with the spec's media decoded; rows skipped for bad media are counted."""

@@ -7,8 +7,9 @@ stopped after any frame resumes at its next row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 
@@ -65,6 +66,54 @@ def _runs(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator
             yield _Run(batch.slice(skipped), cursor.item + index, row, skipped, next_row)
 
 
+#: A position in a consumer's stream: a ``Cursor``, for every stream this module cuts.
+P = TypeVar("P")
+
+
+class Chunk(NamedTuple, Generic[P]):
+    """Consecutive rows of a consumer's stream, and ``at(n)``: the position just after the
+    chunk's first ``n`` rows (``1 <= n <= len``)."""
+
+    rows: pa.RecordBatch
+    at: Callable[[int], P]
+
+
+def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) -> Iterator[tuple[pa.RecordBatch, P]]:
+    """Frames of ``batch_size`` rows cut from ``chunks``, each with the position after it; the
+    frame of leftover rows (``keep_partial``) ends at ``end``. Without a ``batch_size`` each
+    chunk is a frame as it arrives."""
+    parts: list[pa.RecordBatch] = []
+    held = 0
+    for chunk in chunks:
+        rows = chunk.rows.num_rows
+        if batch_size is None:
+            yield chunk.rows, chunk.at(rows)
+            continue
+        used = 0
+        while used < rows:
+            part = chunk.rows.slice(used, batch_size - held)
+            parts.append(part)
+            held += part.num_rows
+            used += part.num_rows
+            if held == batch_size:
+                yield _join(parts), chunk.at(used)
+                parts, held = [], 0
+    if held:
+        if last == "require_full":
+            raise ValueError(
+                f"{held} rows remain after this consumer's last full batch of {batch_size}; "
+                "use last='keep_partial' to deliver them as a shorter batch, or pick a batch size that divides the rows"
+            )
+        yield _join(parts), end
+
+
+def _position(run: _Run, items: Sequence[WorkItem], rows: int) -> Cursor:
+    """The cursor after the first ``rows`` rows of ``run``."""
+    if rows < run.rows.num_rows:
+        return Cursor(run.item, run.row, run.skip + rows)
+    return _after(run, items)
+
+
 def read_frames(
     source: Source,
     items: Sequence[WorkItem],
@@ -76,30 +125,8 @@ def read_frames(
 
     Without a ``batch_size`` each read batch is a frame as it arrives (empty ones dropped).
     """
-    parts: list[pa.RecordBatch] = []
-    held = 0
-    for run in _runs(source, items, cursor):
-        if batch_size is None:
-            yield run.rows, _after(run, items)
-            continue
-        used = 0
-        while used < run.rows.num_rows:
-            part = run.rows.slice(used, batch_size - held)
-            parts.append(part)
-            held += part.num_rows
-            used += part.num_rows
-            if held == batch_size:
-                inside = used < run.rows.num_rows
-                after = Cursor(run.item, run.row, run.skip + used) if inside else _after(run, items)
-                yield _join(parts), after
-                parts, held = [], 0
-    if held:
-        if last == "require_full":
-            raise ValueError(
-                f"{held} rows remain after this consumer's last full batch of {batch_size}; "
-                "use last='keep_partial' to deliver them as a shorter batch, or pick a batch size that divides the rows"
-            )
-        yield _join(parts), Cursor(len(items), 0)
+    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in _runs(source, items, cursor))
+    return cut(chunks, batch_size, last, Cursor(len(items), 0))
 
 
 def _join(parts: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -16,12 +16,17 @@ class Cursor(NamedTuple):
     """The next undelivered row of a consumer: output row ``skip`` counted from stored row ``row``
     of work item ``item``. Every row before it has been delivered.
 
-    A cursor at ``item == len(work list)`` means the consumer's work is done.
+    A cursor at ``item == len(work list)`` means the consumer's work is done. A consumer that
+    shuffles its rows in windows (``Shuffled(buffer_rows=...)``) points at the first row of its
+    current window instead: ``window`` numbers that window and ``taken`` counts its rows already
+    delivered, in the window's shuffled order.
     """
 
     item: int
     row: int
     skip: int = 0
+    window: int = 0
+    taken: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class State:
             "epoch": self.epoch,
             "policy": self.policy,
             "work": self.work,
-            "cursor": None if self.cursor is None else list(self.cursor),
+            "cursor": None if self.cursor is None else _cursor_list(self.cursor),
         }
         if self.rows_per_consumer is not None:
             data["rows_per_consumer"] = self.rows_per_consumer
@@ -84,7 +89,7 @@ class State:
         if missing:
             raise KeyError(f"the TableDataset state lacks the fields {missing}")
         shard = _ints(data["shard"], "shard", 4)
-        cursor = None if data["cursor"] is None else _ints(data["cursor"], "cursor", 3)
+        cursor = None if data["cursor"] is None else _ints(data["cursor"], "cursor", 3, 5)
         if cursor is not None and min(cursor) < 0:
             raise ValueError(f"the state's cursor {cursor} has a negative position")
         batch_size = data["batch_size"]
@@ -142,7 +147,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _ints(value: Any, name: str, length: int) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple) or len(value) != length or not all(_is_int(v) for v in value):
-        raise ValueError(f"the state's {name} must be {length} ints, not {value!r}")
+def _ints(value: Any, name: str, *lengths: int) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or len(value) not in lengths or not all(_is_int(v) for v in value):
+        counts = " or ".join(str(length) for length in lengths)
+        raise ValueError(f"the state's {name} must be {counts} ints, not {value!r}")
     return tuple(value)
+
+
+def _cursor_list(cursor: Cursor) -> list[int]:
+    """A cursor as plain ints; a cursor outside any shuffle window keeps the three of its form."""
+    return list(cursor) if cursor.window or cursor.taken else list(cursor[:3])

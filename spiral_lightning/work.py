@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, is_dataclass
 from typing import NamedTuple
+
+import numpy as np
 
 
 class Split(NamedTuple):
@@ -66,9 +69,45 @@ def stripe(plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list[WorkItem
     return [WorkItem(split.id, split.start, split.end) for split in owned]
 
 
+@dataclass(frozen=True)
+class Shuffled:
+    """A different order every epoch: blocks of up to ``block_rows`` stored rows (never crossing
+    a split) are permuted with ``(seed, epoch)`` and dealt in turn to the ranks, then to each
+    rank's workers, so reads stay sequential inside a block and a rank's share does not depend on
+    its worker count. The same seed and epoch give the same order in every process.
+
+    With ``buffer_rows`` each consumer also shuffles its rows within consecutive windows of that
+    many rows (bounded memory), each window's order drawn from the seed, the epoch, the consumer
+    and the window's number; a resume re-reads only the current window.
+    """
+
+    seed: int = 0
+    block_rows: int = 8192
+    buffer_rows: int = 0
+
+    def __post_init__(self) -> None:
+        for name, least in (("seed", 0), ("block_rows", 1), ("buffer_rows", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"Shuffled's {name} must be an int of at least {least}, not {value!r}")
+
+    def __call__(self, plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list[WorkItem]:
+        blocks = [
+            WorkItem(split.id, start, min(start + self.block_rows, split.end))
+            for split in plan
+            for start in range(split.start, split.end, self.block_rows)
+        ]
+        order = np.random.default_rng((self.seed, epoch)).permutation(len(blocks))
+        mine = order[shard.rank :: shard.world_size][shard.worker :: shard.workers]
+        return [blocks[index] for index in mine]
+
+
 def policy_name(policy: Policy) -> str:
-    """A stable name for ``policy``, recorded in states so a cursor is never read by another."""
+    """A stable name for ``policy``, recorded in states so a cursor is never read by another: a
+    function's qualified name, or a dataclass policy's fields too (``Shuffled(seed=1, ...)``)."""
     module = getattr(policy, "__module__", None) or type(policy).__module__
+    if is_dataclass(policy):
+        return f"{module}.{policy!r}"
     name = getattr(policy, "__qualname__", None) or type(policy).__qualname__
     return f"{module}.{name}"
 
