@@ -5,9 +5,11 @@ from typing import TYPE_CHECKING, Any
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.loader import SpiralLoader
 from spiral_lightning.mapstyle import TableMapDataset
+from spiral_lightning.mixture import Mixture
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
+from spiral_lightning.windows import WindowDataset, Windows
 from spiral_lightning.work import Policy, Shard, Shuffled, Split, WorkItem, balanced, stripe
 from spiral_lightning.write import write_table
 
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cursor",
+    "Mixture",
     "Policy",
     "Shard",
     "Shuffled",
@@ -26,6 +29,8 @@ __all__ = [
     "TableDataset",
     "TableMapDataset",
     "TableSpec",
+    "WindowDataset",
+    "Windows",
     "WorkItem",
     "balanced",
     "stripe",

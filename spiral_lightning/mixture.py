@@ -1,0 +1,409 @@
+"""Mixture: several table versions interleaved by weight into one resumable stream of batches.
+
+Each output batch comes from one table. Which table comes next is a deficit choice: the table
+whose delivered rows lag furthest behind its weight's share is read next, so the row proportions
+track the weights within about one batch per table at every point of the epoch. A seeded random
+draw would only match them on average (over 1,000 batches a 30% table drifts by 1.5% at one
+standard deviation), so the seed sets only where in the cycle each consumer starts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, NamedTuple
+
+import pyarrow as pa
+from torch.utils.data import IterableDataset
+
+from spiral_lightning.dataset import TableDataset
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.tensors import to_torch
+from spiral_lightning.work import Policy, Shard, stripe
+
+#: What ends a mixture's epoch on each consumer: the first table that runs out, or every table
+#: read through at least once, restarting the ones that run out before that.
+Stop = Literal["first_exhausted", "cycle"]
+STOP_MODES: tuple[Stop, ...] = ("first_exhausted", "cycle")
+
+#: The version of the dictionary ``Mixture.state_dict`` writes.
+MIXTURE_FORMAT = 1
+
+
+def pass_epoch(epoch: int, passes: int) -> int:
+    """The epoch a table is read in for its pass ``passes`` (0 first) of mixture epoch ``epoch``.
+
+    Cantor's pairing of the two numbers: every (epoch, pass) reads its own table epoch, so a
+    shuffling policy orders every pass differently and a restarted pass is the same everywhere.
+    """
+    total = epoch + passes
+    return total * (total + 1) // 2 + passes
+
+
+class Progress(NamedTuple):
+    """Where one table of a mixture stands in the epoch on one consumer.
+
+    ``passes`` counts the passes read to the end (the current pass is number ``passes``), ``rows``
+    the rows delivered from the table this epoch over all passes, and ``empty`` says a pass gave
+    this consumer no rows, so ``stop="cycle"`` never chooses the table again this epoch.
+    """
+
+    passes: int = 0
+    rows: int = 0
+    empty: bool = False
+
+
+@dataclass(frozen=True)
+class MixtureState:
+    """One consumer's position in a mixture and the settings it is valid for.
+
+    ``tables`` holds each table's progress and ``states`` each table's ``TableDataset`` state for
+    its current pass, ``None`` for a pass not begun.
+    """
+
+    seed: int
+    stop: str
+    weights: tuple[float, ...]
+    batch_size: int
+    shard: Shard
+    epoch: int
+    tables: tuple[Progress, ...]
+    states: tuple[dict[str, Any] | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only, so a state survives ``torch.save`` and JSON alike."""
+        return {
+            "format": MIXTURE_FORMAT,
+            "seed": self.seed,
+            "stop": self.stop,
+            "weights": list(self.weights),
+            "batch_size": self.batch_size,
+            "shard": list(self.shard),
+            "epoch": self.epoch,
+            "tables": [
+                {"passes": progress.passes, "rows": progress.rows, "empty": progress.empty, "state": state}
+                for progress, state in zip(self.tables, self.states, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MixtureState:
+        """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
+        field when ``data`` is not one."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a Mixture state is a mapping, not {type(data).__name__}")
+        if data.get("format") != MIXTURE_FORMAT:
+            raise ValueError(
+                f"unknown Mixture state format {data.get('format')!r}; this version reads format {MIXTURE_FORMAT}"
+            )
+        missing = sorted({"seed", "stop", "weights", "batch_size", "shard", "epoch", "tables"} - data.keys())
+        if missing:
+            raise KeyError(f"the Mixture state lacks the fields {missing}")
+        for name in ("seed", "batch_size", "epoch"):
+            if not _is_count(data[name]):
+                raise ValueError(f"the Mixture state's {name} must be a non-negative int, not {data[name]!r}")
+        shard = data["shard"]
+        if not isinstance(shard, list | tuple) or len(shard) != 4 or not all(_is_count(v) for v in shard):
+            raise ValueError(f"the Mixture state's shard must be 4 ints, not {shard!r}")
+        weights = data["weights"]
+        if not isinstance(weights, list | tuple) or not all(isinstance(w, float) for w in weights):
+            raise TypeError(f"the Mixture state's weights must be a list of floats, not {weights!r}")
+        tables = data["tables"]
+        if not isinstance(tables, list | tuple) or len(tables) != len(weights):
+            raise ValueError(f"the Mixture state's tables must be a list of {len(weights)} entries, one per weight")
+        progress: list[Progress] = []
+        states: list[dict[str, Any] | None] = []
+        for index, table in enumerate(tables):
+            if not isinstance(table, Mapping) or {"passes", "rows", "empty", "state"} - table.keys():
+                raise ValueError(
+                    f"the Mixture state's tables[{index}] must hold passes, rows, empty and state, not {table!r}"
+                )
+            for name in ("passes", "rows"):
+                if not _is_count(table[name]):
+                    raise ValueError(
+                        f"the Mixture state's tables[{index}].{name} must be a non-negative int, not {table[name]!r}"
+                    )
+            if not isinstance(table["empty"], bool):
+                raise TypeError(f"the Mixture state's tables[{index}].empty must be a bool, not {table['empty']!r}")
+            if table["state"] is not None and not isinstance(table["state"], Mapping):
+                raise TypeError(f"the Mixture state's tables[{index}].state must be a mapping or None")
+            progress.append(Progress(table["passes"], table["rows"], table["empty"]))
+            states.append(None if table["state"] is None else dict(table["state"]))
+        return cls(
+            seed=data["seed"],
+            stop=str(data["stop"]),
+            weights=tuple(weights),
+            batch_size=data["batch_size"],
+            shard=Shard(*shard).check(),
+            epoch=data["epoch"],
+            tables=tuple(progress),
+            states=tuple(states),
+        )
+
+    def check_matches(self, current: MixtureState) -> None:
+        """``ValueError`` naming every setting under which this saved state differs from ``current``."""
+        fields = ("seed", "stop", "weights", "batch_size", "shard")
+        differ = [
+            f"{name}: saved {getattr(self, name)!r}, now {getattr(current, name)!r}"
+            for name in fields
+            if getattr(self, name) != getattr(current, name)
+        ]
+        if differ:
+            raise ValueError(
+                "the Mixture state was saved under other settings ("
+                + "; ".join(differ)
+                + "); restore it into a mixture built like the one that saved it"
+            )
+
+
+class Mixture(IterableDataset[Any]):
+    """Batches from several table versions, interleaved by weight, each batch from one table.
+
+    ``tables`` pairs each table (a spec or a uri; versions, backends and schemas may differ) with
+    a positive weight, its share of the rows delivered. ``columns`` selects the columns every
+    table must have and the batches hold (each table's own spec columns when ``None``); a table
+    whose spec selects other columns is a ``ValueError`` naming the table and the column.
+
+    Every consumer (a DataLoader worker on one rank) reads its own work list of every table, as
+    ``TableDataset`` does with ``policy``, in frames of ``batch_size`` rows, and picks the next
+    table by deficit: the table with the least ``(rows delivered + phase * batch_size) / weight``,
+    lowest index on ties, where each table's phase in ``[0, 1)`` is drawn from ``(seed, epoch,
+    consumer)``, so consumers start their cycles at different tables.
+
+    A table runs out when it is chosen and has no rows left. ``stop="first_exhausted"`` ends the
+    consumer's epoch there: every row is delivered at most once, and the table that ran out
+    exactly once. ``stop="cycle"`` starts that table's next pass (read in ``pass_epoch(epoch,
+    pass)``) and ends the epoch when every table has been read to its end at least once; a pass
+    that gives the consumer no rows drops the table for the rest of the epoch.
+
+    ``collate`` turns each frame into a batch (tensors by default); the mixture counts a batch's
+    rows as its ``len``, or the length of its first column when it is a mapping. With
+    ``table_key`` set, each batch (a mapping) also holds the index of its table under that key.
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: every table's
+    ``TableDataset`` state plus each table's passes and delivered rows.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[TableSpec | str, float]],
+        *,
+        batch_size: int,
+        seed: int = 0,
+        columns: Sequence[str] | None = None,
+        stop: Stop = "first_exhausted",
+        policy: Policy = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        table_key: str | None = None,
+    ) -> None:
+        if not tables:
+            raise ValueError("a Mixture needs at least one (table, weight) pair")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if not _is_count(seed):
+            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        if stop not in STOP_MODES:
+            raise ValueError(f"stop must be one of {STOP_MODES}, not {stop!r}")
+        if table_key is not None and collate is None:
+            raise ValueError("table_key adds an entry to each batch, so it needs a collate that makes mappings")
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
+        specs: list[TableSpec] = []
+        weights: list[float] = []
+        for index, pair in enumerate(tables):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise TypeError(f"table {index} of the mixture must be a (table, weight) pair, not {pair!r}")
+            table, weight = pair
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+                raise ValueError(
+                    f"the weight of table {index} of the mixture must be a positive number, not {weight!r}"
+                )
+            specs.append(_project(as_spec(table), columns, index))
+            weights.append(float(weight))
+        self.weights = tuple(weight / sum(weights) for weight in weights)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.stop: Stop = stop
+        self.table_key = table_key
+        self.epoch = 0
+        self.tables = tuple(
+            TableDataset(spec, batch_size=batch_size, policy=policy, rank=rank, world_size=world_size, collate=collate)
+            for spec in specs
+        )
+        self._progress = [Progress()] * len(self.tables)
+        # Whether each table's TableDataset state describes its current pass: a table not yet
+        # read this epoch still holds the cursor of an earlier one.
+        self._live = [False] * len(self.tables)
+        self._resume: MixtureState | None = None
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        return self.tables[0].shard()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` from now on: its table epochs (``pass_epoch``) and its phases."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a Mixture has no length: where its stop rule ends each consumer's epoch depends on every table's "
+            "share and on the worker count; count batches by iterating an epoch"
+        )
+
+    def _state(self) -> MixtureState:
+        return MixtureState(
+            seed=self.seed,
+            stop=self.stop,
+            weights=self.weights,
+            batch_size=self.batch_size,
+            shard=self.shard(),
+            epoch=self.epoch,
+            tables=tuple(self._progress),
+            states=tuple(
+                table.state_dict() if live else None for table, live in zip(self.tables, self._live, strict=True)
+            ),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's position in the mixture and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            return self._resume.to_dict()
+        return self._state().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a mixture with the same tables, weights, seed, stop rule,
+        batch size and consumer; ``ValueError`` naming what differs otherwise."""
+        saved = MixtureState.from_dict(state)
+        saved.check_matches(self._state())
+        for index, (table, progress, table_state) in enumerate(
+            zip(self.tables, saved.tables, saved.states, strict=True)
+        ):
+            if table_state is None:
+                continue
+            expected = pass_epoch(saved.epoch, progress.passes)
+            if table_state.get("epoch") != expected:
+                raise ValueError(
+                    f"the Mixture state's tables[{index}].state is for table epoch {table_state.get('epoch')!r}, "
+                    f"but pass {progress.passes} of epoch {saved.epoch} reads table epoch {expected}"
+                )
+            table.load_state_dict(table_state)
+        self._resume = saved
+        self.epoch = saved.epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.epoch != self.epoch:
+            raise ValueError(
+                f"the Mixture state was saved in epoch {resume.epoch}, but the mixture is now set to epoch "
+                f"{self.epoch}; load the state again, or set the epoch before loading it"
+            )
+        shard = self.shard()
+        self._progress = list(resume.tables) if resume is not None else [Progress()] * len(self.tables)
+        self._live = (
+            [state is not None for state in resume.states] if resume is not None else [False] * len(self.tables)
+        )
+        for index, table in enumerate(self.tables):
+            if not self._live[index]:
+                table.set_epoch(pass_epoch(self.epoch, self._progress[index].passes))
+        for index, table in enumerate(self.tables):
+            try:
+                table.source()
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+        phases = _phases(self.seed, self.epoch, shard, len(self.tables))
+        streams: list[Iterator[Any] | None] = [None] * len(self.tables)
+        while True:
+            chosen = [index for index, progress in enumerate(self._progress) if not progress.empty]
+            if not chosen:
+                return
+            index = min(
+                chosen, key=lambda i: ((self._progress[i].rows + phases[i] * self.batch_size) / self.weights[i], i)
+            )
+            batch = self._next(index, streams)
+            if batch is _END:
+                return
+            if batch is _AGAIN:
+                continue
+            progress = self._progress[index]
+            self._progress[index] = progress._replace(rows=progress.rows + _rows(batch))
+            yield self._tag(batch, index)
+
+    def _deficit(self, index: int, phase: float) -> float:
+        """How far table ``index`` is ahead of its share: the smallest is read next."""
+        return (self._progress[index].rows + phase * self.batch_size) / self.weights[index]
+
+    def _next(self, index: int, streams: list[Iterator[Any] | None]) -> Any:
+        """The next batch of table ``index``; ``_END`` when the epoch ends, ``_AGAIN`` when the
+        table turned out empty for this consumer and another must be chosen."""
+        table = self.tables[index]
+        stream = streams[index]
+        if stream is None:
+            stream = streams[index] = iter(table)
+            self._live[index] = True
+        batch = next(stream, _END)
+        if batch is not _END:
+            return batch
+        progress = self._progress[index]
+        self._progress[index] = progress = progress._replace(passes=progress.passes + 1)
+        if self.stop == "first_exhausted" or all(p.passes for p in self._progress):
+            return _END
+        table.set_epoch(pass_epoch(self.epoch, progress.passes))
+        stream = streams[index] = iter(table)
+        batch = next(stream, _END)
+        if batch is _END:
+            self._progress[index] = progress._replace(empty=True)
+            return _AGAIN
+        return batch
+
+    def _tag(self, batch: Any, index: int) -> Any:
+        if self.table_key is None:
+            return batch
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"table_key needs batches that are mappings, but collate made a {type(batch).__name__}")
+        if self.table_key in batch:
+            raise ValueError(f"table_key {self.table_key!r} is also a column of table {index}; pick another key")
+        return {**batch, self.table_key: index}
+
+
+#: Markers ``Mixture._next`` returns instead of a batch.
+_END = object()
+_AGAIN = object()
+
+
+def _project(spec: TableSpec, columns: Sequence[str] | None, index: int) -> TableSpec:
+    """``spec`` reading exactly ``columns``; ``ValueError`` naming the table and the column when
+    its spec selects columns without one of them."""
+    if columns is None:
+        return spec
+    if spec.columns is not None:
+        for name in columns:
+            if name not in spec.columns:
+                raise ValueError(
+                    f"table {index} of the mixture ({spec.uri}) lacks the column {name!r}: its spec selects "
+                    f"{list(spec.columns)}"
+                )
+    return replace(spec, columns=tuple(columns))
+
+
+def _phases(seed: int, epoch: int, shard: Shard, tables: int) -> list[float]:
+    """Each table's starting phase for one consumer in one epoch; a string seed is hashed the same
+    way in every process, unlike ``hash`` of a tuple."""
+    generator = random.Random(f"{seed}:{epoch}:{shard.rank}:{shard.world_size}:{shard.worker}:{shard.workers}")
+    return [generator.random() for _ in range(tables)]
+
+
+def _rows(batch: Any) -> int:
+    """The rows of a collated batch: a record batch's, a mapping's first column's, else ``len``."""
+    if isinstance(batch, Mapping):
+        return len(next(iter(batch.values())))
+    rows: int = batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
+    return rows
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

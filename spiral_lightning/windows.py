@@ -1,0 +1,366 @@
+"""Windows: samples of consecutive rows of one group (say the frames of one episode), batched
+as ``[B, size, ...]`` and resumable at any batch.
+
+A run is a maximal stretch of consecutive rows of a consumer's stream that belong to one work
+item and hold one value of the group column. Windows never leave a run: a group boundary ends
+an episode, and a work-item boundary ends what this consumer reads contiguously, because the
+rows after it may belong to another consumer, and a window across it would depend on how the
+table was split among consumers. A table whose episodes span splits should be written so that
+they do not, or read with a policy whose items keep them whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import IterableDataset
+
+from spiral_lightning.dataset import TableDataset
+from spiral_lightning.frames import LAST_MODES, Last, start_of
+from spiral_lightning.sources import Source
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.state import Cursor, State
+from spiral_lightning.tensors import to_torch
+from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
+
+#: The version of the dictionary ``WindowDataset.state_dict`` writes.
+WINDOWS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Samples of ``size`` consecutive rows of one run, a new one starting every ``stride`` rows.
+
+    Within each run windows start at the run's rows ``0, stride, 2 * stride, ...`` and a window
+    is kept only when all its ``size`` rows lie in the run; rows a window never reaches are
+    dropped. ``group_by`` names the column whose change of value ends a run (only work items
+    end runs when ``None``). Runs consist of the rows the filter keeps, so a filter that drops
+    rows inside an episode joins the rows around the gap.
+    """
+
+    size: int
+    stride: int = 1
+    group_by: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("size", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the window {name} must be a positive int, not {value!r}")
+        if self.group_by is not None and (not isinstance(self.group_by, str) or not self.group_by):
+            raise ValueError(f"group_by must be a column name or None, not {self.group_by!r}")
+
+    def settings(self) -> list[Any]:
+        """``[size, stride, group_by]``, as a state records them."""
+        return [self.size, self.stride, self.group_by]
+
+
+class WindowPosition(NamedTuple):
+    """Where a consumer's windows continue: the cursor of an anchor row and ``lead``, the number
+    of rows after the anchor, in the anchor's run, at which the next window starts.
+
+    The anchor is the next window's first row when it has been read (``lead`` 0), else the last
+    row read, so a resumed reader sees which run that row belongs to before counting ``lead``.
+    """
+
+    cursor: Cursor
+    lead: int = 0
+
+
+class _Rows(NamedTuple):
+    """Rows of one work item, the first at output row ``skip`` after stored row ``row`` of item
+    ``item``, so row ``j`` is at ``Cursor(item, row, skip + j)``."""
+
+    rows: pa.RecordBatch
+    item: int
+    row: int
+    skip: int
+
+    def cursor(self, index: int) -> Cursor:
+        return Cursor(self.item, self.row, self.skip + index)
+
+    def drop(self, rows: int) -> _Rows:
+        return _Rows(self.rows.slice(rows), self.item, self.row, self.skip + rows)
+
+
+def _read(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[_Rows]:
+    """The rows of ``items`` from ``cursor`` on, as the source reads them, each read batch with the
+    position of its first row."""
+    if cursor.item >= len(items):
+        return
+    first = items[cursor.item]
+    work = [WorkItem(first.split, cursor.row, first.end), *items[cursor.item + 1 :]]
+    rows_at = [item.start for item in work]
+    skip = cursor.skip
+    for batch, index, next_row in source.read(work):
+        row, rows_at[index] = rows_at[index], next_row
+        skipped = min(skip, batch.num_rows) if index == 0 else 0
+        skip -= skipped
+        if skipped < batch.num_rows:
+            yield _Rows(batch.slice(skipped), cursor.item + index, row, skipped)
+
+
+def _runs(rows: _Rows, group_by: str | None) -> Iterator[tuple[_Rows, Any]]:
+    """``rows`` cut where the group column changes value, each part with its group value."""
+    if group_by is None:
+        yield rows, None
+        return
+    column = rows.rows.column(group_by)
+    if column.null_count:
+        raise ValueError(f"the group column {group_by!r} holds nulls, so its runs are undefined; filter them out")
+    count = len(column)
+    changes = pc.not_equal(column.slice(1), column.slice(0, count - 1)).to_numpy(zero_copy_only=False)
+    bounds = [0, *(np.flatnonzero(changes) + 1).tolist(), count]
+    for start, end in itertools.pairwise(bounds):
+        yield _Rows(rows.rows.slice(start, end - start), rows.item, rows.row, rows.skip + start), column[start].as_py()
+
+
+def read_windows(
+    source: Source,
+    items: Sequence[WorkItem],
+    position: WindowPosition,
+    windows: Windows,
+    batch_size: int,
+    last: Last,
+) -> Iterator[tuple[pa.RecordBatch, WindowPosition]]:
+    """Batches of ``batch_size`` windows from ``position`` on, each with the position after it.
+
+    A batch holds its windows' rows one window after another (``batch_size * size`` rows). Only
+    the rows from the anchor of the next window on are held, at most ``size`` rows plus one read
+    batch. The windows after the last full batch are one shorter batch with
+    ``last="keep_partial"``, a ``ValueError`` with ``"require_full"``.
+    """
+    size, stride = windows.size, windows.stride
+    held: list[_Rows] = []
+    held_rows = 0
+    lead = position.lead
+    run: tuple[int, Any] | None = None
+    pending: list[pa.Table] = []
+    count = 0
+    for rows in _read(source, items, position.cursor):
+        for part, key in _runs(rows, windows.group_by):
+            # The first part read begins the saved run at its saved lead; a new run starts at 0.
+            if run is not None and run != (part.item, key):
+                held, held_rows, lead = [], 0, 0
+            run = (part.item, key)
+            held.append(part)
+            held_rows += part.rows.num_rows
+            starts = np.arange(lead, held_rows - size + 1, stride)
+            if len(starts):
+                rows_held = pa.Table.from_batches([piece.rows for piece in held])
+                taken = rows_held.take(pa.array((starts[:, None] + np.arange(size)).ravel()))
+                done = 0
+                while done < len(starts):
+                    step = min(batch_size - count, len(starts) - done)
+                    pending.append(taken.slice(done * size, step * size))
+                    count += step
+                    done += step
+                    if count == batch_size:
+                        next_start = int(starts[done - 1]) + stride
+                        yield _join(pending), _position(held, held_rows, next_start)
+                        pending, count = [], 0
+                lead = int(starts[-1]) + stride
+            anchor = min(lead, held_rows - 1)
+            held = _drop(held, anchor)
+            held_rows -= anchor
+            lead -= anchor
+    if count:
+        if last == "require_full":
+            raise ValueError(
+                f"{count} windows remain after this consumer's last full batch of {batch_size}; "
+                "use last='keep_partial' to deliver them as a shorter batch"
+            )
+        yield _join(pending), WindowPosition(Cursor(len(items), 0))
+
+
+def _position(held: list[_Rows], held_rows: int, next_start: int) -> WindowPosition:
+    """The position whose next window starts ``next_start`` rows into the held rows."""
+    anchor = min(next_start, held_rows - 1)
+    offset = anchor
+    for piece in held:
+        if offset < piece.rows.num_rows:
+            return WindowPosition(piece.cursor(offset), next_start - anchor)
+        offset -= piece.rows.num_rows
+    raise AssertionError("the anchor lies inside the held rows")
+
+
+def _drop(held: list[_Rows], rows: int) -> list[_Rows]:
+    """``held`` without its first ``rows`` rows."""
+    kept: list[_Rows] = []
+    for piece in held:
+        if rows >= piece.rows.num_rows:
+            rows -= piece.rows.num_rows
+            continue
+        kept.append(piece.drop(rows) if rows else piece)
+        rows = 0
+    return kept
+
+
+def _join(parts: list[pa.Table]) -> pa.RecordBatch:
+    return pa.concat_batches([batch for part in parts for batch in part.to_batches()])
+
+
+def stack(batch: Any, size: int) -> Any:
+    """A collated batch of whole windows with each column grouped by window: tensors reshaped
+    from ``[B * size, ...]`` to ``[B, size, ...]``, lists cut into ``B`` lists of ``size``; a
+    batch that is not a mapping of columns is returned as it is."""
+    if not isinstance(batch, Mapping):
+        return batch
+    stacked: dict[str, Any] = {}
+    for name, values in batch.items():
+        if isinstance(values, torch.Tensor):
+            stacked[name] = values.reshape(-1, size, *values.shape[1:])
+        else:
+            stacked[name] = [values[start : start + size] for start in range(0, len(values), size)]
+    return stacked
+
+
+class WindowDataset(IterableDataset[Any]):
+    """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
+    work list.
+
+    Consumers, ``policy``, ranks and the pinned version work as in ``TableDataset``. ``collate``
+    turns each batch's rows into columns (tensors by default) and each column is then grouped by
+    window into ``[batch_size, size, ...]`` (lists of lists for columns that stay lists); with
+    ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides the
+    windows after the consumer's last full batch.
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
+    a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the
+    windows it is valid for, so a resume re-reads at most one window's rows.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        windows: Windows,
+        batch_size: int,
+        last: Last = "keep_partial",
+        policy: Policy = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+    ) -> None:
+        if not isinstance(windows, Windows):
+            raise TypeError(f"windows must be a Windows value, not {windows!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        table_spec = as_spec(spec)
+        if table_spec.media:
+            raise ValueError("WindowDataset does not decode media projections; window a table of decoded columns")
+        group_by = windows.group_by
+        if group_by is not None and table_spec.columns is not None and group_by not in table_spec.columns:
+            raise ValueError(
+                f"the group column {group_by!r} is not among the columns {list(table_spec.columns)} of "
+                f"{table_spec.uri!r}; select it too"
+            )
+        # The table dataset pins the version and gives the consumer, its work list and the
+        # opened source; its own iteration is not used.
+        self.table = TableDataset(table_spec, policy=policy, rank=rank, world_size=world_size, collate=None)
+        self.windows = windows
+        self.batch_size = batch_size
+        self.last: Last = last
+        self.collate = collate
+        self._work: str | None = None
+        self._position: WindowPosition | None = None
+        self._resume: tuple[State, int] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose work lists are read."""
+        return self.table.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on."""
+        self.table.set_epoch(epoch)
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        return self.table.shard()
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a WindowDataset has no length: how many windows each consumer yields depends on the runs of its "
+            "rows, known only by reading them"
+        )
+
+    def _state(self, shard: Shard) -> State:
+        return State(
+            version=self.table.spec.version,
+            shard=shard,
+            batch_size=self.batch_size,
+            epoch=self.epoch,
+            policy=policy_name(self.table.policy),
+            work=self._work,
+            cursor=None if self._position is None else self._position.cursor,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's next window and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            table, lead = self._resume
+        else:
+            table, lead = self._state(self.shard()), 0 if self._position is None else self._position.lead
+        return {"format": WINDOWS_FORMAT, "table": table.to_dict(), "windows": self.windows.settings(), "lead": lead}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy and windows; ``ValueError`` naming what differs otherwise."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a WindowDataset state is a mapping, not {type(state).__name__}")
+        if state.get("format") != WINDOWS_FORMAT:
+            raise ValueError(
+                f"unknown WindowDataset state format {state.get('format')!r}; this version reads format "
+                f"{WINDOWS_FORMAT}"
+            )
+        missing = sorted({"table", "windows", "lead"} - state.keys())
+        if missing:
+            raise KeyError(f"the WindowDataset state lacks the fields {missing}")
+        saved_windows = state["windows"]
+        if saved_windows != self.windows.settings():
+            raise ValueError(
+                f"the WindowDataset state's windows: saved {saved_windows!r}, now {self.windows.settings()!r}; "
+                "restore it into a dataset with the same windows"
+            )
+        lead = state["lead"]
+        if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
+            raise ValueError(f"the WindowDataset state's lead must be a non-negative int, not {lead!r}")
+        saved = State.from_dict(state["table"])
+        saved.check_matches(self._state(self.shard()))
+        self._resume = (saved, lead)
+        self.table.set_epoch(saved.epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        source = self.table.source()
+        group_by = self.windows.group_by
+        if group_by is not None and group_by not in source.schema.names:
+            raise ValueError(f"the group column {group_by!r} is not a column of {self.table.spec.uri!r}")
+        shard = self.shard()
+        items = self.table.work(shard)
+        work = fingerprint(items)
+        resume, self._resume = self._resume, None
+        position = WindowPosition(start_of(items))
+        self._position = None
+        saved, lead = resume if resume is not None else (None, 0)
+        if saved is not None and saved.cursor is not None:
+            if saved.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.table.policy)} gives consumer {tuple(shard)} another work list in "
+                    f"epoch {self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch"
+                )
+            position = self._position = WindowPosition(saved.cursor, lead)
+        self._work = work
+        for batch, after in read_windows(source, items, position, self.windows, self.batch_size, self.last):
+            self._position = after
+            yield batch if self.collate is None else stack(self.collate(batch), self.windows.size)
