@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
+from spiral_lightning.elastic import remainder, share
 from spiral_lightning.frames import LAST_MODES, Last, cut, read_frames, start_of
 from spiral_lightning.media import Where, project
 from spiral_lightning.shuffle import shuffled_chunks
@@ -84,6 +85,7 @@ class TableDataset(IterableDataset[Any]):
         self._work: str | None = None
         self._delivered = 0
         self.skipped = 0
+        self._remainder: tuple[WorkItem, ...] | None = None
         self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
@@ -101,6 +103,7 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         if epoch != self.epoch:
             self._rows = None
+            self._remainder = None
         self.epoch = epoch
 
     def set_rows_per_consumer(self, rows: int | None) -> None:
@@ -133,9 +136,26 @@ class TableDataset(IterableDataset[Any]):
         return Shard(self.rank, self.world_size, info.id, info.num_workers)
 
     def work(self, shard: Shard | None = None) -> list[WorkItem]:
-        """The work list the policy gives ``shard`` (this process's consumer) in this epoch."""
-        source = self.source()
-        return self.policy(source.splits, shard or self.shard(), self.epoch)
+        """The work list of ``shard`` (this process's consumer) in this epoch: the policy's, or
+        its share of a remainder that ``load_elastic`` re-planned."""
+        shard = shard or self.shard()
+        if self._remainder is not None:
+            return share(self._remainder, shard)
+        return self.policy(self.source().splits, shard, self.epoch)
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): the rows none of them delivered are shared among this dataset's consumers,
+        each exactly once, and later epochs plan as usual. ``states`` holds every saved consumer's
+        ``state_dict``; ``ValueError`` when they are not one epoch of one version and policy."""
+        saved = [State.from_dict(state) for state in states]
+        if saved and saved[0].version != self.spec.version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
+        rows = remainder(self.source(), self.policy, saved)
+        self.set_epoch(saved[0].epoch)
+        self._remainder = rows
+        self._resume = None
+        self._rows = None
 
     def __len__(self) -> int:
         """The exact rows this rank reads over all its workers, counted once per epoch from the
@@ -175,6 +195,7 @@ class TableDataset(IterableDataset[Any]):
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
             skipped=self.skipped,
+            remainder=self._remainder,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -190,12 +211,13 @@ class TableDataset(IterableDataset[Any]):
         saved.check_matches(self._state(self.shard()))
         self._resume = saved
         self.epoch = saved.epoch
+        self._remainder = saved.remainder
         self._rows = None
 
     def __iter__(self) -> Iterator[Any]:
         source = self.source()
         shard = self.shard()
-        items = self.policy(source.splits, shard, self.epoch)
+        items = self.work(shard)
         work = fingerprint(items)
         resume, self._resume = self._resume, None
         cursor = start_of(items)

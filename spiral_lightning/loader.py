@@ -7,7 +7,7 @@ rank on resume. The DataModule saves and restores each rank's real position inst
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -17,6 +17,18 @@ from spiral_lightning.dataset import TableDataset
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
 LOOP_STATE = {"spiral_lightning": "every rank's position is in the SpiralDataModule entry of this checkpoint"}
+
+
+def consumer_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every consumer's ``TableDataset`` state inside a ``StatefulDataLoader`` state: the main
+    process's when the loader read without workers, else each worker's in worker order."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:
+        if "dataset_state" not in loader_state:
+            raise ValueError("the loader state holds no dataset state; it was not saved by a StatefulDataLoader")
+        return [loader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[f"worker_{worker}"]["dataset_state"] for worker in range(len(workers))]
 
 
 class Position(NamedTuple):

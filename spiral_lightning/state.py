@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from spiral_lightning.work import Shard
+from spiral_lightning.work import Shard, WorkItem
 
 #: The version of the dictionary ``State.to_dict`` writes.
 STATE_FORMAT = 1
@@ -39,6 +39,8 @@ class State:
     rows the consumer stops after (``None``: no quota) and ``delivered`` the rows it delivered this
     epoch, so a resumed consumer stops at the same row as an uninterrupted one. ``skipped`` counts
     the rows of the epoch whose media could not be decoded and were dropped (``on_error="skip"``).
+    ``remainder`` is the undelivered rows of an epoch re-planned from another topology (see
+    ``spiral_lightning.elastic``), which the consumers share instead of the policy's lists.
     """
 
     version: str
@@ -51,6 +53,7 @@ class State:
     rows_per_consumer: int | None = None
     delivered: int = 0
     skipped: int = 0
+    remainder: tuple[WorkItem, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a state survives ``torch.save`` and JSON alike.
@@ -73,6 +76,8 @@ class State:
             data["delivered"] = self.delivered
         if self.skipped:
             data["skipped"] = self.skipped
+        if self.remainder is not None:
+            data["remainder"] = [list(item) for item in self.remainder]
         return data
 
     @classmethod
@@ -110,6 +115,11 @@ class State:
                 raise TypeError(f"the state's {name} must be a string, not {data[name]!r}")
         if data["work"] is not None and not isinstance(data["work"], str):
             raise TypeError(f"the state's work fingerprint must be a string or None, not {data['work']!r}")
+        remainder = data.get("remainder")
+        if remainder is not None:
+            if not isinstance(remainder, list | tuple):
+                raise ValueError(f"the state's remainder must be a list of work items, not {remainder!r}")
+            remainder = tuple(WorkItem(*_ints(item, "remainder item", 3)) for item in remainder)
         return cls(
             version=data["version"],
             shard=Shard(*shard).check(),
@@ -121,6 +131,7 @@ class State:
             rows_per_consumer=quota,
             delivered=delivered,
             skipped=skipped,
+            remainder=remainder,
         )
 
     def check_matches(self, current: State) -> None:
