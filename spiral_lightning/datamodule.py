@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import LAST_MODES, Last
-from spiral_lightning.loader import Position, SpiralLoader
+from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.work import Policy, Shard, Shuffled, balanced, fingerprint, stripe
 
@@ -161,14 +161,37 @@ class SpiralDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> SpiralLoader:
         dataset = self._dataset("train")
         epoch = self._epoch()
+        restored, self._restored = self._restored, None
+        replanned: Position | None = None
+        if restored is not None:
+            self._check_version(restored, dataset)
+            if self._replans(restored):
+                replanned = self._replan(dataset, restored)
+        done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
-            dataset, batches=self._prepare(epoch), epoch=self._epoch, prepare=self._prepare, **self._options()
+            dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
         )
-        if self._restored is not None:
-            self._restore(loader, self._restored)
-            self._restored = None
+        if replanned is not None:
+            loader.continue_replanned(replanned.epoch, replanned.batches)
+        elif restored is not None:
+            self._restore(loader, restored)
         self._train_loader = loader
         return loader
+
+    def _replan(self, dataset: TableDataset, state: dict[str, Any]) -> Position | None:
+        """Share the rows that ``state``'s consumers had not delivered among this run's: the
+        epoch and the batches it had delivered, or ``None`` when no rank had started reading."""
+        positions = [rank["position"] for rank in state["ranks"]]
+        if all(position is None for position in positions):
+            return None
+        if any(position is None for position in positions):
+            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
+        dataset.load_elastic(_consumers(state))
+        rank_zero_info(
+            f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
+            f"num_workers={state['num_workers']}, for {dataset.world_size} ranks with num_workers={self.num_workers}"
+        )
+        return Position(dataset.epoch, positions[0]["batches"], {})
 
     def val_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("val")
@@ -259,20 +282,15 @@ class SpiralDataModule(pl.LightningDataModule):
             raise ValueError(
                 f"unknown SpiralDataModule state format {state_dict.get('format')!r}; this version reads {STATE_FORMAT}"
             )
-        world_size = self._rank()[1]
-        if state_dict["world_size"] != world_size or len(state_dict["ranks"]) != world_size:
+        if len(state_dict["ranks"]) != state_dict["world_size"]:
             raise ValueError(
-                f"the checkpoint holds the positions of {state_dict['world_size']} ranks, but this run has "
-                f"{world_size}; resuming under another world size needs re-planning the remaining rows, which "
-                f"spiral-lightning does not do yet: resume with {state_dict['world_size']} ranks"
+                f"the checkpoint holds {len(state_dict['ranks'])} positions for {state_dict['world_size']} ranks"
             )
-        if state_dict["num_workers"] != self.num_workers:
-            raise ValueError(
-                f"the checkpoint was saved with num_workers={state_dict['num_workers']} per rank, but this run has "
-                f"num_workers={self.num_workers}; resuming under another worker count needs re-planning the "
-                f"remaining rows, which spiral-lightning does not do yet: resume with "
-                f"num_workers={state_dict['num_workers']}"
-            )
+        # The re-planned epoch has another length than the ones after it, which Lightning only
+        # learns from a train loader made anew; the Trainer sets this attribute at run time.
+        trainer: Any = self.trainer
+        if self._replans(state_dict) and trainer is not None and not trainer.reload_dataloaders_every_n_epochs:
+            trainer.reload_dataloaders_every_n_epochs = 1
         if "train" in self.datasets:
             self._check_version(state_dict, self.datasets["train"])
         self._restored = state_dict
@@ -286,14 +304,30 @@ class SpiralDataModule(pl.LightningDataModule):
                 "saved in: train on that version, or start this one without ckpt_path"
             )
 
+    def _replans(self, state: dict[str, Any]) -> bool:
+        """Whether ``state``'s positions continue through a re-planned remainder: saved under
+        another world size or worker count, or inside an epoch that was re-planned before."""
+        if state["world_size"] != self._rank()[1] or state["num_workers"] != self.num_workers:
+            return True
+        return any("remainder" in consumer for consumer in _consumers(state))
+
     def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
-        self._check_version(state, loader.table)
         rank, _ = self._rank()
         saved = state["ranks"][rank]
         if saved["rank"] != rank:
             raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
         if saved["position"] is not None:
             loader.restore(Position(**saved["position"]))
+
+
+def _consumers(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every consumer's dataset state in a SpiralDataModule state, rank by rank."""
+    return [
+        consumer
+        for rank in state["ranks"]
+        if rank["position"] is not None
+        for consumer in consumer_states(rank["position"]["loader"])
+    ]
 
 
 def resolve_policy(policy: str | Policy) -> Policy:

@@ -49,7 +49,8 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
     dataset up for that epoch, and ``prepare`` returns the epoch's batches, which must equal
     ``batches`` because Lightning fixed the epoch's length when it first asked.
 
-    ``position`` / ``restore`` are this rank's real state (a ``Position``), while
+    ``position`` / ``restore`` are this rank's real state (a ``Position``; ``continue_replanned``
+    for an epoch re-planned under another topology), while
     ``state_dict`` / ``load_state_dict``, which Lightning's fit loop calls, only write and accept
     ``LOOP_STATE``. A restored position continues its epoch when the loader next reads that
     epoch. A finished one (saved after the epoch's last batch) makes the next read start the
@@ -74,6 +75,7 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         self._pending: Position | None = None
         self._reading: int | None = None
         self._yielded = 0
+        self._replanned: Position | None = None
 
     def __len__(self) -> int:
         return self.batches
@@ -84,7 +86,8 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         if pending is not None and pending.epoch == epoch and pending.batches >= self.batches:
             epoch, pending = epoch + 1, None
         if self._prepare is not None:
-            batches = self._prepare(epoch)
+            replanned = self._replanned
+            batches = self._prepare(epoch) + (replanned.batches if replanned and replanned.epoch == epoch else 0)
             if batches != self.batches:
                 raise ValueError(
                     f"epoch {epoch} has {batches} batches on rank {self.table.rank}, but the loader reported "
@@ -96,7 +99,8 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
             super().load_state_dict({})
         self._yielded = 0
         if pending is not None and pending.epoch == epoch:
-            super().load_state_dict(pending.loader)
+            if pending.loader:
+                super().load_state_dict(pending.loader)
             self._yielded = pending.batches
         self._reading = epoch
         return self._counted(super().__iter__())
@@ -117,6 +121,13 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
     def restore(self, position: Position) -> None:
         """Continue from ``position`` when next reading (see the class)."""
         self._pending = position
+
+    def continue_replanned(self, epoch: int, batches: int) -> None:
+        """Continue epoch ``epoch``, of which ``batches`` were delivered before a stop, from the
+        dataset's re-planned remainder (``TableDataset.load_elastic``): the loader's length is
+        then those batches plus the remainder's, as Lightning counts the epoch."""
+        self._replanned = Position(epoch, batches, {})
+        self._pending = self._replanned
 
     def state_dict(self) -> dict[str, Any]:
         return dict(LOOP_STATE)

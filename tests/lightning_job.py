@@ -1,6 +1,6 @@
 """A model that records the row ids it trains on, and a script that runs it under Lightning.
 
-Run as a script it trains one phase of a DDP job (``devices=2``, gloo on CPU) and writes each
+Run as a script it trains one phase of a DDP job (``--devices 2`` by default, gloo on CPU) and writes each
 rank's record to ``<out>/<phase>-rank<r>.json``; Lightning starts rank 1 by running this script
 again, so the test that launches it is never forked.
 """
@@ -55,6 +55,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--filtered", action="store_true")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-epochs", type=int, default=1)
     args = parser.parse_args()
     out = Path(args.out)
     callbacks: list[pl.Callback] = []
@@ -64,10 +67,10 @@ def main() -> None:
         )
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=args.devices,
         default_root_dir=out,
-        strategy="ddp",
-        max_epochs=1,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.max_epochs,
         max_steps=args.max_steps,
         callbacks=callbacks,
         enable_progress_bar=False,
@@ -76,7 +79,7 @@ def main() -> None:
         num_sanity_val_steps=0,
     )
     spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)
-    data = SpiralDataModule(spec, batch_size=args.batch_size, num_workers=2)
+    data = SpiralDataModule(spec, batch_size=args.batch_size, num_workers=args.workers)
     model = Recorder()
     trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)
     record = {"rank": trainer.global_rank, "seen": model.seen}

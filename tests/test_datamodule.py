@@ -163,12 +163,6 @@ def test_checkpoint_from_another_table_version_is_refused(make_table: Callable[.
         trainer(tmp_path, max_steps=4).fit(
             Recorder(), datamodule=SpiralDataModule(other, batch_size=10), ckpt_path=tmp_path / "step=2.ckpt"
         )
-    with pytest.raises(ValueError, match=r"num_workers=0 per rank.*num_workers=1"):
-        trainer(tmp_path, max_steps=4).fit(
-            Recorder(),
-            datamodule=SpiralDataModule(saved_on, batch_size=10, num_workers=1),
-            ckpt_path=tmp_path / "step=2.ckpt",
-        )
 
 
 def test_bad_arguments_name_the_fix(tmp_path: Path) -> None:
