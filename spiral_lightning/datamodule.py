@@ -11,10 +11,12 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
+from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.work import Policy, Shard, Shuffled, balanced, fingerprint, stripe
 
@@ -51,6 +53,11 @@ class SpiralDataModule(pl.LightningDataModule):
     out. The rows past the quota are dropped for that epoch and their number logged; with the
     default ``balanced`` policy they are only what the filter made unequal.
 
+    ``access="map"`` trains through a ``TableMapDataset`` instead: rows drawn in a new order
+    every epoch (``seed`` and the epoch) by torchdata's ``StatefulDistributedSampler``, read in
+    batched random accesses, each rank its own share; validation, test and predict still read
+    in stored order.
+
     The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
     saved) with the world size and worker count; on resume each rank restores its own.
     """
@@ -73,6 +80,7 @@ class SpiralDataModule(pl.LightningDataModule):
         persistent_workers: bool = False,
         multiprocessing_context: Literal["forkserver", "spawn"] | None = None,
         even_batches: bool = True,
+        access: Literal["iterable", "map"] = "iterable",
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -105,7 +113,12 @@ class SpiralDataModule(pl.LightningDataModule):
         self.persistent_workers = persistent_workers and num_workers > 0
         self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
         self.even_batches = even_batches
+        if access not in ("iterable", "map"):
+            raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
+        self.access = access
+        self.seed = seed
         self.datasets: dict[Stage, TableDataset] = {}
+        self.map_train: TableMapDataset | None = None
         self._train_loader: SpiralLoader | None = None
         self._restored: dict[str, Any] | None = None
         self._counts: dict[str, int] = {}
@@ -131,6 +144,8 @@ class SpiralDataModule(pl.LightningDataModule):
             )
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
+        if stage == "fit" and self.access == "map":
+            self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
             self._check_version(self._restored, self.datasets["train"])
 
@@ -159,6 +174,8 @@ class SpiralDataModule(pl.LightningDataModule):
         }
 
     def train_dataloader(self) -> SpiralLoader:
+        if self.map_train is not None:
+            return self._map_loader(self.map_train)
         dataset = self._dataset("train")
         epoch = self._epoch()
         restored, self._restored = self._restored, None
@@ -174,6 +191,48 @@ class SpiralDataModule(pl.LightningDataModule):
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
         elif restored is not None:
+            self._restore(loader, restored)
+        self._train_loader = loader
+        return loader
+
+    def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
+        """The train loader of ``access="map"``: batches of rows drawn by a sampler that shuffles
+        the table with ``(seed, epoch)`` and deals every rank its own share; the sampler's position
+        is part of the loader's state, so a resume continues the epoch's order."""
+        rank, world_size = self._rank()
+        # Dropping the last rows (fewer than one per rank) keeps ranks equal without the repeated
+        # rows that DistributedSampler pads with otherwise.
+        sampler = StatefulDistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=world_size > 1
+        )
+        dropped = len(dataset) - len(sampler) * world_size
+        if dropped:
+            rank_zero_info(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
+
+        def prepare(epoch: int) -> int:
+            sampler.set_epoch(epoch)
+            if self.last == "require_full":
+                return len(sampler) // self.batch_size
+            return -(-len(sampler) // self.batch_size)
+
+        loader = SpiralLoader(
+            dataset,
+            batches=prepare(self._epoch()),
+            epoch=self._epoch,
+            prepare=prepare,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.last == "require_full",
+            **self._options(),
+        )
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            self._check_version(restored, dataset)
+            if self._replans(restored):
+                raise ValueError(
+                    "access='map' resumes only under the world size and num_workers it was saved with "
+                    f"({restored['world_size']} ranks, num_workers={restored['num_workers']})"
+                )
             self._restore(loader, restored)
         self._train_loader = loader
         return loader
@@ -296,7 +355,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self._restored = state_dict
 
     @staticmethod
-    def _check_version(state: dict[str, Any], dataset: TableDataset) -> None:
+    def _check_version(state: dict[str, Any], dataset: TableDataset | TableMapDataset) -> None:
         if state["version"] != dataset.spec.version:
             raise ValueError(
                 f"the checkpoint was saved reading table version {state['version']}, but this run reads version "
@@ -309,7 +368,7 @@ class SpiralDataModule(pl.LightningDataModule):
         another world size or worker count, or inside an epoch that was re-planned before."""
         if state["world_size"] != self._rank()[1] or state["num_workers"] != self.num_workers:
             return True
-        return any("remainder" in consumer for consumer in _consumers(state))
+        return self.access == "iterable" and any("remainder" in consumer for consumer in _consumers(state))
 
     def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
         rank, _ = self._rank()

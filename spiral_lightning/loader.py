@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.dataset import TableDataset
+from spiral_lightning.mapstyle import TableMapDataset
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
@@ -41,7 +42,8 @@ class Position(NamedTuple):
 
 
 class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
-    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``.
+    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``, or with a
+    ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
 
     ``len`` is ``batches``, the exact batches of this rank in the epoch, so Lightning counts the
     epoch, its progress bar and its limits in batches rather than rows. ``epoch`` (when given)
@@ -60,14 +62,15 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
 
     def __init__(
         self,
-        dataset: TableDataset,
+        dataset: TableDataset | TableMapDataset,
         *,
         batches: int,
         epoch: Callable[[], int] | None = None,
         prepare: Callable[[int], int] | None = None,
+        batch_size: int | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(dataset, batch_size=None, **options)
+        super().__init__(dataset, batch_size=batch_size, **options)
         self.table = dataset
         self.batches = batches
         self._epoch = epoch
@@ -81,7 +84,10 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         return self.batches
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self.table.epoch if self._epoch is None else self._epoch()
+        if self._epoch is not None:
+            epoch = self._epoch()
+        else:
+            epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
         pending, self._pending = self._pending, None
         if pending is not None and pending.epoch == epoch and pending.batches >= self.batches:
             epoch, pending = epoch + 1, None
@@ -90,7 +96,7 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
             batches = self._prepare(epoch) + (replanned.batches if replanned and replanned.epoch == epoch else 0)
             if batches != self.batches:
                 raise ValueError(
-                    f"epoch {epoch} has {batches} batches on rank {self.table.rank}, but the loader reported "
+                    f"epoch {epoch} has {batches} batches on this rank, but the loader reported "
                     f"{self.batches} when Lightning sized the epoch; the policy's shares change with the epoch, "
                     "so set Trainer(reload_dataloaders_every_n_epochs=1)"
                 )
