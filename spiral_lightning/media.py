@@ -14,12 +14,14 @@ from __future__ import annotations
 import bisect
 import io
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 import av
+import av.video.reformatter
 import numpy as np
 import torch
 from PIL import Image as PILImage
@@ -346,6 +348,19 @@ def _wanted(frames: FrameSelection, index: _Index) -> list[int]:
     return list(range(first, first + span + 1, frames.step))
 
 
+# One scaler per thread, kept across frames and clips. ``VideoFrame.to_ndarray(width=...)`` makes
+# a new swscale context (and its thread pool) for every frame, which costs many times the scaling
+# of a small frame; a kept one re-initializes only when a frame's size or format changes.
+_scalers = threading.local()
+
+
+def _scaler() -> av.video.reformatter.VideoReformatter:
+    scaler: av.video.reformatter.VideoReformatter | None = getattr(_scalers, "scaler", None)
+    if scaler is None:
+        scaler = _scalers.scaler = av.video.reformatter.VideoReformatter()
+    return scaler
+
+
 def _decode(stream: av.VideoStream, index: _Index, wanted: list[int], spec: Video) -> dict[int, np.ndarray[Any, Any]]:
     """The wanted frames' RGB pixels by presentation index, decoding from the last keyframe at
     or before the first wanted frame and stopping once the last wanted frame is out."""
@@ -357,6 +372,7 @@ def _decode(stream: av.VideoStream, index: _Index, wanted: list[int], spec: Vide
             start = position
     width, height = spec.size if spec.size is not None else (None, None)
     context = stream.codec_context
+    scaler = _scaler()
     pixels: dict[int, np.ndarray[Any, Any]] = {}
     flush: list[av.Packet[Any] | None] = [None]
     for packet in [*index.packets[start:], *flush]:
@@ -364,9 +380,8 @@ def _decode(stream: av.VideoStream, index: _Index, wanted: list[int], spec: Vide
         # wanted timestamp ends the clip; None flushes the frames the decoder still holds.
         for frame in context.decode(packet):
             if frame.pts in by_pts:
-                pixels[by_pts[frame.pts]] = frame.to_ndarray(
-                    format="rgb24", width=width, height=height, interpolation="BILINEAR"
-                )
+                rgb = scaler.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR")
+                pixels[by_pts[frame.pts]] = rgb.to_ndarray()
             if frame.pts is not None and frame.pts >= last:
                 return pixels
     return pixels
