@@ -1,0 +1,174 @@
+"""Ray Train: each worker's resumable loader over its rank's rows, and its position in checkpoints.
+
+A worker of a Ray Train run is one rank. ``train_loader`` gives it the loader ``TableDataset``
+would give that rank; ``save_loader_state`` writes the loader's position into the folder the worker
+reports as a checkpoint, one file per rank, so the reported checkpoint holds every rank's
+position; the next ``train_loader`` of a restarted run reads its own file back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import ray.train
+import torch
+import torch.distributed
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning.dataset import TableDataset
+from spiral_lightning.frames import Last
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.tensors import to_torch
+from spiral_lightning.work import Policy, stripe
+
+#: The version of the dictionary ``save_loader_state`` writes.
+STATE_FORMAT = 1
+
+#: torchdata's key, in a loader state, for "saved after the epoch's last batch".
+_FINISHED = "_iterator_finished"
+
+
+#: The names of the loader states in a checkpoint folder: one per rank, ``*`` its number.
+STATE_FILES = "spiral-loader-rank*.pt"
+
+
+def state_file(rank: int) -> str:
+    """The name of rank ``rank``'s loader state inside a checkpoint folder."""
+    return STATE_FILES.replace("*", str(rank))
+
+
+def train_loader(
+    spec: TableSpec | str,
+    *,
+    batch_size: int,
+    num_workers: int = 0,
+    policy: Policy = stripe,
+    last: Last = "keep_partial",
+    collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+    rows_per_consumer: int | None = None,
+    multiprocessing_context: Literal["forkserver", "spawn"] = "forkserver",
+    pin_memory: bool = False,
+    resume: bool = True,
+) -> StatefulDataLoader:
+    """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
+    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers.
+
+    Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
+    every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
+    ``ray.train.get_checkpoint()``, the loader continues at the position this rank saved there
+    with ``save_loader_state``, and ``loader.dataset.epoch`` is the epoch to read next, so a loop
+    ``for epoch in range(loader.dataset.epoch, epochs)`` that calls ``loader.dataset.set_epoch``
+    picks up where the stopped run was. ``ValueError`` when that state belongs to another table
+    version or other settings.
+    """
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    dataset = TableDataset(
+        _pinned(as_spec(spec)),
+        batch_size=batch_size,
+        last=last,
+        policy=policy,
+        rank=rank,
+        world_size=world_size,
+        collate=collate,
+        rows_per_consumer=rows_per_consumer,
+    )
+    loader = StatefulDataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing_context if num_workers else None,
+        pin_memory=pin_memory,
+    )
+    checkpoint = ray.train.get_checkpoint() if resume else None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            restore_loader_state(loader, folder)
+    return loader
+
+
+def _pinned(spec: TableSpec) -> TableSpec:
+    """``spec`` pinned to the version rank 0 resolves, so no rank reads a newer one."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return spec.resolve()
+    shared: list[TableSpec | None] = [spec.resolve() if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    pinned = shared[0]
+    if pinned is None:
+        raise RuntimeError("rank 0 sent no table version")
+    return dataclasses.replace(spec, uri=pinned.uri, files=pinned.files)
+
+
+def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
+    """Write the position of a ``train_loader`` loader into ``folder`` (the folder this worker
+    then reports with ``ray.train.report(..., checkpoint=Checkpoint.from_directory(folder))``),
+    named for its rank so every rank's file lands in the same checkpoint. The path written."""
+    dataset = _table(loader)
+    state = {
+        "format": STATE_FORMAT,
+        "version": dataset.spec.version,
+        "rank": dataset.rank,
+        "world_size": dataset.world_size,
+        "num_workers": loader.num_workers,
+        "batch_size": dataset.batch_size,
+        "epoch": dataset.epoch,
+        "loader": loader.state_dict(),
+    }
+    path = Path(folder) / state_file(dataset.rank)
+    torch.save(state, path)
+    return path
+
+
+def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None:
+    """Put a ``train_loader`` loader back at the position its rank saved into ``folder``.
+
+    ``FileNotFoundError`` when the folder holds no state for this rank, ``ValueError`` naming
+    every setting that differs from the saving run's.
+    """
+    dataset = _table(loader)
+    path = Path(folder) / state_file(dataset.rank)
+    if not path.is_file():
+        saved = sorted(entry.name for entry in Path(folder).glob(STATE_FILES))
+        raise FileNotFoundError(
+            f"cannot resume rank {dataset.rank}: save every rank's state with save_loader_state before reporting, "
+            "resume with as many workers as saved, or pass resume=False to start the epoch afresh. The checkpoint "
+            f"{str(folder)!r} holds {', '.join(saved) or 'no loader state'}"
+        )
+    state = torch.load(path, weights_only=True)
+    _check(state, dataset, loader.num_workers, path)
+    if state["loader"].get(_FINISHED, False):
+        # Saved after the epoch's last batch: torchdata would start a fresh epoch, so it is the next one.
+        dataset.set_epoch(state["epoch"] + 1)
+        return
+    dataset.set_epoch(state["epoch"])
+    loader.load_state_dict(state["loader"])
+
+
+def _check(state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path) -> None:
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
+    now = {
+        "version": dataset.spec.version,
+        "world_size": dataset.world_size,
+        "num_workers": num_workers,
+        "batch_size": dataset.batch_size,
+    }
+    differ = [f"{name} (saved {state[name]!r}, now {value!r})" for name, value in now.items() if state[name] != value]
+    if differ:
+        # The differences come last: Ray Train shortens a worker's error from the middle.
+        raise ValueError(
+            f"cannot resume rank {dataset.rank} from {str(path)!r}: a loader position is only valid under the "
+            "settings it was saved with; resume with the saving run's table version and settings, or pass "
+            "resume=False to start the epoch afresh. This run differs in " + ", ".join(differ)
+        )
+
+
+def _table(loader: StatefulDataLoader) -> TableDataset:
+    dataset = loader.dataset
+    if not isinstance(dataset, TableDataset):
+        raise TypeError(f"expected a loader made by train_loader, over a TableDataset, not {type(dataset).__name__}")
+    return dataset

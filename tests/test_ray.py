@@ -1,0 +1,194 @@
+"""ray_adapter on a real local Ray: the datasource's rows, Ray Train workers reading their ranks'
+rows, resuming a stopped run from its checkpoint, and the errors of bad input."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# Ray would otherwise wrap workers in a uv runtime environment when pytest runs under `uv run`.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+import ray
+import ray.train
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
+from ray_adapter.cli import CHECKPOINT, parser, run_experiment
+from spiral_lightning import Shard, TableDataset, TableSpec
+from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
+
+pytestmark = pytest.mark.slow
+
+SPLITS = [300, 500, 200, 700, 300, 400]
+TOTAL = sum(SPLITS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    """One small local Ray for the whole module: two CPUs and a 200 MB object store."""
+    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def rank_ids(spec: TableSpec, rank: int, world_size: int) -> list[int]:
+    """The ids ``TableDataset`` gives ``rank``, in order: what every Ray reader must match."""
+    dataset = TableDataset(spec, rank=rank, world_size=world_size, collate=None)
+    return [int(i) for batch in dataset for i in batch.column("id").to_pylist()]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("filtered", [False, True])
+def test_datasource_rows_are_the_table_and_each_shard_is_its_ranks(
+    make_table: Callable[..., TableSpec], backend: str, filtered: bool
+) -> None:
+    spec = make_table(SPLITS, backend=backend, filter=KEEP_TEXT if filtered else None)
+    expected = kept_ids(SPLITS) if filtered else list(range(TOTAL))
+
+    rows = read_table(spec, override_num_blocks=4).take_all()
+    assert sorted(row["id"] for row in rows) == expected
+
+    context = ray.data.DataContext.get_current()
+    ordered = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True
+    try:
+        for rank in range(2):
+            shard = read_table(spec, shard=Shard(rank, 2)).take_all()
+            assert [row["id"] for row in shard] == rank_ids(spec, rank, 2)
+    finally:
+        context.execution_options.preserve_order = ordered
+
+
+def test_datasource_plans_tasks_from_the_work_items(make_table: Callable[..., TableSpec]) -> None:
+    source = TableDatasource(make_table(SPLITS))
+    row_bytes = source.estimate_inmemory_data_size() // TOTAL
+    assert row_bytes == 8 + 8 + 4 + 16  # id, score, x, v: float32[4]
+
+    one_per_item = source.get_read_tasks(len(SPLITS) * 2)
+    assert [task.metadata.num_rows for task in one_per_item] == SPLITS
+    grouped = source.get_read_tasks(2)
+    assert len(grouped) == 2
+    assert sum(task.metadata.num_rows for task in grouped) == TOTAL
+    assert [len(task.read_fn.items) for task in grouped] == [3, 3]
+
+    filtered = TableDatasource(make_table(SPLITS, filter=KEEP_TEXT)).get_read_tasks(2)
+    assert all(task.metadata.num_rows is None for task in filtered)
+
+
+def read_ids(config: dict[str, Any]) -> None:
+    """A Ray Train loop: read this rank's rows through ``train_loader``, append each batch's ids
+    to ``<out>/<run>-rank<r>.txt``, and with ``stop_at`` report a checkpoint after that batch
+    and fail, as a job killed mid-epoch would."""
+    loader = train_loader(config["spec"], batch_size=config["batch_size"], num_workers=config["workers"])
+    rank = ray.train.get_context().get_world_rank()
+    out = Path(config["out"]) / f"{config['run']}-rank{rank}.txt"
+    for epoch in range(loader.dataset.epoch, 1):
+        loader.dataset.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            with out.open("a") as file:
+                file.write("".join(f"{i}\n" for i in batch["id"].tolist()))
+            if step == config.get("stop_at"):
+                with tempfile.TemporaryDirectory() as folder:
+                    save_loader_state(loader, folder)
+                    ray.train.report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+                raise RuntimeError("stopped on purpose after the checkpoint")
+
+
+def fit(config: dict[str, Any], storage: Path, name: str) -> ray.train.Result:
+    """Run ``read_ids`` on two workers; a run under the ``name`` and ``storage`` of an earlier one
+    restarts it from its latest checkpoint, as Ray Train restarts a job."""
+    trainer = TorchTrainer(
+        read_ids,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(name=name, storage_path=str(storage), failure_config=FailureConfig(max_failures=0)),
+    )
+    return trainer.fit()
+
+
+def ids_of(out: Path, run: str, rank: int) -> list[int]:
+    path = out / f"{run}-rank{rank}.txt"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_trainer_workers_read_exactly_their_ranks_rows(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    spec = make_table(SPLITS, backend="parquet", filter=KEEP_TEXT)
+    out = tmp_path / "ids"
+    out.mkdir()
+    fit({"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "all"}, tmp_path / "runs", "all")
+    for rank in range(2):
+        assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2)
+
+
+def test_run_stopped_mid_epoch_resumes_every_row_once(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    spec = make_table(SPLITS)
+    out = tmp_path / "ids"
+    out.mkdir()
+    config = {"spec": spec, "batch_size": 100, "workers": 0, "out": str(out)}
+    storage = tmp_path / "runs"
+
+    with pytest.raises(ray.train.TrainingFailedError, match="stopped on purpose"):
+        fit({**config, "run": "first", "stop_at": 2}, storage, "job")
+    (checkpoint,) = [path for path in (storage / "job").glob("checkpoint_*") if path.is_dir()]
+    assert sorted(path.name for path in checkpoint.iterdir()) == ["spiral-loader-rank0.pt", "spiral-loader-rank1.pt"]
+
+    other = make_table(SPLITS, seed=1)
+    with pytest.raises(ray.train.TrainingFailedError, match="differs in version"):
+        fit({**config, "spec": other, "run": "other"}, storage, "job")
+    assert not list(out.glob("other-*"))
+
+    fit({**config, "run": "second"}, storage, "job")
+    for rank in range(2):
+        first, second = ids_of(out, "first", rank), ids_of(out, "second", rank)
+        assert len(first) == 3 * 100
+        assert first + second == rank_ids(spec, rank, 2)
+
+
+def test_missing_table_fails_in_the_driver(tmp_path: Path) -> None:
+    missing = TableSpec(f"spiral:{tmp_path / 'nowhere'}")
+    with pytest.raises(FileNotFoundError, match="no Spiral table"):
+        read_table(missing)
+    config = {"spec": missing, "batch_size": 10, "workers": 0, "out": str(tmp_path), "run": "missing"}
+    with pytest.raises(ray.train.TrainingFailedError, match="no Spiral table"):
+        fit(config, tmp_path / "runs", "missing")
+
+
+def test_command_fits_the_datamodule_on_ray_train_workers(tmp_path: Path) -> None:
+    """``spiral-lightning-ray``'s run: the SpiralDataModule under RayDDPStrategy takes its ranks
+    from the Trainer, and the reported checkpoint holds both ranks' positions."""
+    config = tmp_path / "ray_train.yaml"
+    config.write_text(
+        f"""
+ray: {{num_workers: 2, storage_path: {tmp_path / "runs"}, name: demo, checkpoint_every_n_steps: 2}}
+trainer:
+  max_epochs: 1
+  limit_val_batches: 0
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger: false
+model: {{class_path: spiral_lightning.demo.DemoModel}}
+data:
+  class_path: spiral_lightning.demo.DemoDataModule
+  init_args: {{root: {tmp_path / "demo"}, rows: 2000, val_from: 1600, batch_size: 100, policy: balanced}}
+"""
+    )
+    parse = parser()
+    settings = parse.parse_args(["--config", str(config)])
+    result = run_experiment(settings, parse.dump(settings))
+
+    assert result.checkpoint is not None
+    saved = torch.load(Path(result.checkpoint.path, CHECKPOINT), weights_only=False)
+    positions = saved["DemoDataModule"]
+    assert positions["world_size"] == 2
+    assert [entry["rank"] for entry in positions["ranks"]] == [0, 1]
+    # One split of 2000 stored rows, cut in halves: rank 0 trains on ids 0-999 and rank 1 on 1000-1599,
+    # and even batches hold both to 600 rows; the latest checkpoint is the epoch's end.
+    assert [entry["position"]["batches"] for entry in positions["ranks"]] == [6, 6]
