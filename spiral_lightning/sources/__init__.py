@@ -8,9 +8,10 @@ not copy, so ``open_source`` refuses with the fix instead of failing somewhere d
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
 
-from spiral_lightning.sources import parquet, spiral
+from spiral_lightning.sources import parquet, sds, spiral
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.sources.protocol import ReadBatch, Source
 from spiral_lightning.spec import TableSpec
@@ -27,7 +28,11 @@ def _backend(uri: str) -> ModuleType:
         return spiral
     if scheme == "parquet":
         return parquet
-    raise ValueError(f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads 'spiral:' and 'parquet:'")
+    if scheme == "sds":
+        return sds
+    raise ValueError(
+        f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads 'spiral:', 'parquet:' and 'sds:'"
+    )
 
 
 def resolve(spec: TableSpec) -> TableSpec:
@@ -59,7 +64,12 @@ def open_source(spec: TableSpec) -> Source:
     """Open the exact version ``spec`` names (``spec`` must be resolved) in this process."""
     backend = _backend(spec.uri)
     _claim_process()
-    source: Source = backend.SpiralSource(spec) if backend is spiral else backend.ParquetSource(spec)
+    opened: dict[ModuleType, Callable[[TableSpec], Source]] = {
+        spiral: spiral.SpiralSource,
+        parquet: parquet.ParquetSource,
+        sds: sds.SdsSource,
+    }
+    source = opened[backend](spec)
     return source
 
 
