@@ -321,9 +321,7 @@ class Mixture(IterableDataset[Any]):
             chosen = [index for index, progress in enumerate(self._progress) if not progress.empty]
             if not chosen:
                 return
-            index = min(
-                chosen, key=lambda i: ((self._progress[i].rows + phases[i] * self.batch_size) / self.weights[i], i)
-            )
+            index = min(chosen, key=lambda i: (self._deficit(i, phases[i]), i))
             batch = self._next(index, streams)
             if batch is _END:
                 return
@@ -334,7 +332,8 @@ class Mixture(IterableDataset[Any]):
             yield self._tag(batch, index)
 
     def _deficit(self, index: int, phase: float) -> float:
-        """How far table ``index`` is ahead of its share: the smallest is read next."""
+        """The rows table ``index`` delivered per unit of weight, shifted by its phase: the table
+        with the smallest is furthest behind its share and is read next."""
         return (self._progress[index].rows + phase * self.batch_size) / self.weights[index]
 
     def _next(self, index: int, streams: list[Iterator[Any] | None]) -> Any:
