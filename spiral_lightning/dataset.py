@@ -102,8 +102,13 @@ class TableDataset(IterableDataset[Any]):
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         if epoch != self.epoch:
+            # A position belongs to its epoch: the new one starts with nothing delivered.
             self._rows = None
             self._remainder = None
+            self._cursor = None
+            self._work = None
+            self._delivered = 0
+            self.skipped = 0
         self.epoch = epoch
 
     def set_rows_per_consumer(self, rows: int | None) -> None:

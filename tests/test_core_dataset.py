@@ -91,3 +91,15 @@ def test_set_epoch_is_recorded_and_a_restored_dataset_keeps_its_epoch(make_table
     assert [batch["id"][0].item() for batch in restored] == [100, 200]
     with pytest.raises(ValueError, match="epoch must be non-negative"):
         dataset.set_epoch(-1)
+
+
+def test_a_new_epoch_starts_with_nothing_delivered(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([300])
+    dataset = TableDataset(spec, batch_size=100)
+    assert len(list(dataset)) == 3
+    dataset.set_epoch(1)
+    state = dataset.state_dict()
+    assert (state["epoch"], state["cursor"]) == (1, None)
+    restored = TableDataset(spec, batch_size=100)
+    restored.load_state_dict(state)
+    assert [batch["id"][0].item() for batch in restored] == [0, 100, 200]
