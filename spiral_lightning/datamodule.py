@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import multiprocessing
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -112,6 +113,10 @@ class SpiralDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
+        if self.multiprocessing_context == "forkserver":
+            # Workers fork from a server that imported these once, so each starts in milliseconds
+            # instead of importing torch again; the server only imports, it never opens a table.
+            multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning"])
         self.even_batches = even_batches
         if access not in ("iterable", "map"):
             raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
