@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any, Literal, NamedTuple
 
 import pyarrow as pa
@@ -13,6 +14,9 @@ from torch.utils.dlpack import from_dlpack
 Batch = dict[str, Any]
 
 _FIXED_SHAPE_TENSOR = "arrow.fixed_shape_tensor"
+#: The field metadata key of a shaped tensor column (see ``to_torch``); its JSON value says
+#: whether the values are complex numbers stored as (real, imaginary) pairs.
+_SHAPED_TENSOR = b"spiral_lightning.tensor"
 
 
 def to_torch(batch: pa.RecordBatch) -> Batch:
@@ -23,6 +27,11 @@ def to_torch(batch: pa.RecordBatch) -> Batch:
     ``arrow.fixed_shape_tensor`` column takes its declared shape and dimension order. Booleans are
     copied into ``torch.bool``. Strings, binary, ragged lists, structs and any column with nulls
     stay Python lists.
+
+    A shaped tensor column (a struct of ``data``, each row's values in C order, and ``shape``,
+    marked by the field metadata key ``spiral_lightning.tensor``; the SDS backend writes them)
+    becomes one ``[rows, ...]`` tensor when every row has one shape, else a list of per-row
+    tensors; marked ``"complex": true``, its trailing dimension of 2 becomes a complex dtype.
     """
     plans = _plans(batch.schema)
     return {plan.name: plan.convert(array) for plan, array in zip(plans, batch.columns, strict=True)}
@@ -42,7 +51,7 @@ class _Plan(NamedTuple):
     """
 
     name: str
-    kind: Literal["tensor", "bool", "list"]
+    kind: Literal["tensor", "bool", "list", "shaped", "complex"]
     extension: bool
     sizes: tuple[int, ...] = ()
     dims: tuple[int, ...] | None = None
@@ -54,6 +63,9 @@ class _Plan(NamedTuple):
         storage = field.type.storage_type if extension else field.type
         if pa.types.is_boolean(storage):
             return cls(field.name, "bool", extension)
+        shaped = (field.metadata or {}).get(_SHAPED_TENSOR)
+        if shaped is not None and pa.types.is_struct(storage):
+            return cls(field.name, "complex" if json.loads(shaped).get("complex") else "shaped", extension)
         sizes: list[int] = []
         values = storage
         while pa.types.is_fixed_size_list(values):
@@ -76,6 +88,8 @@ class _Plan(NamedTuple):
         values = array.storage if self.extension else array
         if self.kind == "bool":
             return torch.from_numpy(values.to_numpy(zero_copy_only=False))
+        if self.kind in ("shaped", "complex"):
+            return _shaped(values, self.kind == "complex")
         for size in self.sizes:
             # The child of a sliced list array is unsliced; cutting it here is cheaper than
             # flatten(), which goes through a compute kernel.
@@ -102,6 +116,26 @@ def _plans(schema: pa.Schema) -> tuple[_Plan, ...]:
     plans = tuple(_Plan.of(field) for field in schema)
     _last = (schema, plans)
     return plans
+
+
+def _shaped(array: pa.StructArray, pairs: bool) -> torch.Tensor | list[Any]:
+    """A shaped tensor column: one tensor over the rows' values, stacked when the rows share one
+    shape, else cut into per-row tensors; ``pairs`` views trailing (real, imaginary) as complex."""
+    data, shape = array.flatten()
+    if not len(array):
+        return []
+    offsets = data.offsets.to_numpy()
+    # Sliced arrays keep their children whole; the offsets and list sizes say which part is ours.
+    values = from_dlpack(data.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
+    rank = shape.type.list_size
+    shapes = shape.values.slice(shape.offset * rank, len(shape) * rank).to_numpy().reshape(len(shape), rank)
+    if (shapes == shapes[0]).all():
+        stacked = values.reshape(len(array), *shapes[0].tolist())
+        return torch.view_as_complex(stacked) if pairs else stacked
+    starts = (offsets - offsets[0]).tolist()
+    cuts = zip(pairwise(starts), shapes.tolist(), strict=True)
+    rows = [values[begin:end].reshape(*dims) for (begin, end), dims in cuts]
+    return [torch.view_as_complex(row) for row in rows] if pairs else rows
 
 
 def _declared_shape(field: pa.Field) -> tuple[list[int] | None, list[int] | None]:
