@@ -384,7 +384,8 @@ class SdsSource:
 
 def _row_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
     """Each row of an Arrow column of numbers as a numpy array: fixed-size lists (nested) and
-    fixed-shape tensors by their shape, scalars as rank-0 arrays, other lists by their values."""
+    fixed-shape tensors by their shape, other lists by their values, and scalars as arrays of one
+    element (SDS stores no rank-0 fields: its fields are contiguous arrays of rank 1 or more)."""
     array = column.combine_chunks()
     if isinstance(array.type, pa.FixedShapeTensorType):
         return list(array.to_numpy_ndarray())
@@ -394,7 +395,7 @@ def _row_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
         sizes.append(values.type.list_size)
         values = values.flatten()
     if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
-        return list(values.to_numpy().reshape(len(array), *sizes))
+        return list(values.to_numpy().reshape(len(array), *(sizes or [1])))
     return [np.asarray(row) for row in array.to_pylist()]
 
 
