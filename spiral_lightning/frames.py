@@ -23,7 +23,7 @@ Last = Literal["keep_partial", "require_full"]
 LAST_MODES: tuple[Last, ...] = ("keep_partial", "require_full")
 
 
-class _Run(NamedTuple):
+class Run(NamedTuple):
     """Undelivered rows of one read batch.
 
     The read batch began at stored row ``row`` of item ``item``; its first ``skip`` output rows
@@ -42,7 +42,7 @@ def start_of(items: Sequence[WorkItem]) -> Cursor:
     return Cursor(0, items[0].start if items else 0)
 
 
-def _after(run: _Run, items: Sequence[WorkItem]) -> Cursor:
+def _after(run: Run, items: Sequence[WorkItem]) -> Cursor:
     """The cursor after the last row of ``run``."""
     if run.next_row < items[run.item].end:
         return Cursor(run.item, run.next_row)
@@ -50,7 +50,7 @@ def _after(run: _Run, items: Sequence[WorkItem]) -> Cursor:
     return Cursor(following, items[following].start if following < len(items) else 0)
 
 
-def _runs(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[_Run]:
+def runs(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[Run]:
     """The undelivered rows of ``items`` from ``cursor`` on, as the source reads them."""
     if cursor.item >= len(items):
         return
@@ -63,7 +63,7 @@ def _runs(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator
         skipped = min(skip, batch.num_rows) if index == 0 else 0
         skip -= skipped
         if skipped < batch.num_rows:
-            yield _Run(batch.slice(skipped), cursor.item + index, row, skipped, next_row)
+            yield Run(batch.slice(skipped), cursor.item + index, row, skipped, next_row)
 
 
 #: A position in a consumer's stream: a ``Cursor``, for every stream this module cuts.
@@ -107,7 +107,7 @@ def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) 
         yield _join(parts), end
 
 
-def _position(run: _Run, items: Sequence[WorkItem], rows: int) -> Cursor:
+def _position(run: Run, items: Sequence[WorkItem], rows: int) -> Cursor:
     """The cursor after the first ``rows`` rows of ``run``."""
     if rows < run.rows.num_rows:
         return Cursor(run.item, run.row, run.skip + rows)
@@ -125,7 +125,7 @@ def read_frames(
 
     Without a ``batch_size`` each read batch is a frame as it arrives (empty ones dropped).
     """
-    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in _runs(source, items, cursor))
+    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in runs(source, items, cursor))
     return cut(chunks, batch_size, last, Cursor(len(items), 0))
 
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import TableDataset
-from spiral_lightning.frames import LAST_MODES, Last, start_of
+from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
@@ -90,24 +90,7 @@ class _Rows(NamedTuple):
         return _Rows(self.rows.slice(rows), self.item, self.row, self.skip + rows)
 
 
-def _read(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[_Rows]:
-    """The rows of ``items`` from ``cursor`` on, as the source reads them, each read batch with the
-    position of its first row."""
-    if cursor.item >= len(items):
-        return
-    first = items[cursor.item]
-    work = [WorkItem(first.split, cursor.row, first.end), *items[cursor.item + 1 :]]
-    rows_at = [item.start for item in work]
-    skip = cursor.skip
-    for batch, index, next_row in source.read(work):
-        row, rows_at[index] = rows_at[index], next_row
-        skipped = min(skip, batch.num_rows) if index == 0 else 0
-        skip -= skipped
-        if skipped < batch.num_rows:
-            yield _Rows(batch.slice(skipped), cursor.item + index, row, skipped)
-
-
-def _runs(rows: _Rows, group_by: str | None) -> Iterator[tuple[_Rows, Any]]:
+def _groups(rows: _Rows, group_by: str | None) -> Iterator[tuple[_Rows, Any]]:
     """``rows`` cut where the group column changes value, each part with its group value."""
     if group_by is None:
         yield rows, None
@@ -144,8 +127,9 @@ def read_windows(
     run: tuple[int, Any] | None = None
     pending: list[pa.Table] = []
     count = 0
-    for rows in _read(source, items, position.cursor):
-        for part, key in _runs(rows, windows.group_by):
+    for batch in runs(source, items, position.cursor):
+        rows = _Rows(batch.rows, batch.item, batch.row, batch.skip)
+        for part, key in _groups(rows, windows.group_by):
             # The first part read begins the saved run at its saved lead; a new run starts at 0.
             if run is not None and run != (part.item, key):
                 held, held_rows, lead = [], 0, 0
