@@ -215,6 +215,21 @@ def test_bad_columns_and_uris_name_the_fix(spec: TableSpec, tmp_path: Path) -> N
         TableSpec(f"sds:{tmp_path / 'missing'}").resolve()
 
 
+def test_records_unlike_the_first_are_named(tmp_path: Path) -> None:
+    root = tmp_path / "mixed"
+    records = [
+        sds.Record("a", {"s": sds.Field(np.zeros(4, np.float32), axes=(sds.Axis("t", 4),))}, metadata={"gain": 1}),
+        sds.Record("b", {"s": sds.Field(np.zeros(4, np.int16), axes=(sds.Axis("t", 4),))}, metadata={"gain": 1}),
+        sds.Record("c", {"s": sds.Field(np.zeros(2, np.float32), axes=(sds.Axis("t", 2),))}, metadata={"gain": 0.5}),
+    ]
+    sds.publish(str(root), [sds.write_shard(records, str(root))], dataset_id="mixed", snapshot_id="1")
+    source = open_source(TableSpec(f"sds:{root}").resolve())
+    with pytest.raises(ValueError, match=r"field 's' of record 'b' is int16\[4\], but the first record's is float32"):
+        source.take(0, [0, 1])
+    with pytest.raises(ValueError, match=r"metadata key 'gain' of record 'c' is 0.5, but the column is int64"):
+        source.take(0, [0, 2])
+
+
 def test_republished_root_is_refused(spec: TableSpec) -> None:
     republish(Path(spec.uri[4:].partition("?")[0]))
     with pytest.raises(ValueError, match=r"was republished.*snapshot 's2'.*not dataset 'captures' snapshot 's1'"):

@@ -184,6 +184,14 @@ def _key_type(value: Any) -> pa.DataType:
     return pa.string()
 
 
+#: The Python types each numeric metadata column takes (ints widen into a float64 column).
+_ACCEPTED: dict[int, type | tuple[type, ...]] = {
+    pa.bool_().id: bool,
+    pa.int64().id: int,
+    pa.float64().id: (int, float),
+}
+
+
 def _text(value: Any) -> str | None:
     """A metadata value of a string column: strings as they are, other JSON values as JSON text."""
     return value if value is None or isinstance(value, str) else json.dumps(_plain(value))
@@ -230,18 +238,23 @@ class _Layout(NamedTuple):
         if name == "id":
             return pa.array([record.id for record in records], pa.string())
         if name in self.tensors:
+            # Field columns are built only from full records; metadata carries no samples.
             return _shaped(name, self.tensors[name], records)  # type: ignore[arg-type]
         kind = self.keys[name]
         values = [record.metadata.get(name) for record in records]
         if kind == pa.string():
-            values = [_text(value) for value in values]
-        try:
-            return pa.array(values, kind)
-        except (pa.ArrowException, TypeError) as error:
-            raise ValueError(
-                f"metadata key {name!r} is {kind} in the first record, but a record among "
-                f"{records[0].id!r}..{records[-1].id!r} holds a value that is not: {error}"
-            ) from error
+            return pa.array([_text(value) for value in values], kind)
+        # pyarrow would truncate 0.5 into an int64 column without a word; check the types first.
+        accepted = _ACCEPTED[kind.id]
+        for record, value in zip(records, values, strict=True):
+            if value is not None and (
+                isinstance(value, bool) != (kind == pa.bool_()) or not isinstance(value, accepted)
+            ):
+                raise ValueError(
+                    f"metadata key {name!r} of record {record.id!r} is {value!r}, but the column is {kind} (from the "
+                    "dataset's first record); one key keeps one type in every record"
+                )
+        return pa.array(values, kind)
 
 
 def _shaped(name: str, layout: _Tensor, records: Sequence[sds.Record]) -> pa.StructArray:
