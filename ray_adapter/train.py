@@ -21,6 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import Last
+from spiral_lightning.loader import consumer_states
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import Policy, stripe
@@ -126,16 +127,26 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
 def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None:
     """Put a ``train_loader`` loader back at the position its rank saved into ``folder``.
 
+    A checkpoint saved by another number of ranks or DataLoader workers is re-planned: the rows
+    no saved consumer delivered are shared among this run's (``TableDataset.load_elastic``).
     ``FileNotFoundError`` when the folder holds no state for this rank, ``ValueError`` naming
     every setting that differs from the saving run's.
     """
     dataset = _table(loader)
+    paths = sorted(Path(folder).glob(STATE_FILES))
+    first = torch.load(paths[0], weights_only=True) if paths else None
+    if isinstance(first, Mapping) and (
+        first.get("world_size"),
+        first.get("num_workers"),
+    ) != (dataset.world_size, loader.num_workers):
+        _replan(dataset, loader.num_workers, paths)
+        return
     path = Path(folder) / state_file(dataset.rank)
     if not path.is_file():
         saved = sorted(entry.name for entry in Path(folder).glob(STATE_FILES))
         raise FileNotFoundError(
             f"cannot resume rank {dataset.rank}: save every rank's state with save_loader_state before reporting, "
-            "resume with as many workers as saved, or pass resume=False to start the epoch afresh. The checkpoint "
+            "or pass resume=False to start the epoch afresh. The checkpoint "
             f"{str(folder)!r} holds {', '.join(saved) or 'no loader state'}"
         )
     state = torch.load(path, weights_only=True)
@@ -148,15 +159,26 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     loader.load_state_dict(state["loader"])
 
 
-def _check(state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path) -> None:
+def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
+    """Share what the ranks that wrote ``paths`` had not delivered among this run's consumers."""
+    states = [torch.load(path, weights_only=True) for path in paths]
+    for path, state in zip(paths, states, strict=True):
+        _check(state, dataset, num_workers, path, topology=False)
+    if len(states) != states[0]["world_size"]:
+        raise ValueError(
+            f"the checkpoint holds {len(states)} rank states of {states[0]['world_size']}; re-planning needs all"
+        )
+    dataset.load_elastic([consumer for state in states for consumer in consumer_states(state["loader"])])
+
+
+def _check(
+    state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path, *, topology: bool = True
+) -> None:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
-    now = {
-        "version": dataset.spec.version,
-        "world_size": dataset.world_size,
-        "num_workers": num_workers,
-        "batch_size": dataset.batch_size,
-    }
+    now: dict[str, Any] = {"version": dataset.spec.version, "batch_size": dataset.batch_size}
+    if topology:
+        now |= {"world_size": dataset.world_size, "num_workers": num_workers}
     differ = [f"{name} (saved {state[name]!r}, now {value!r})" for name, value in now.items() if state[name] != value]
     if differ:
         # The differences come last: Ray Train shortens a worker's error from the middle.
