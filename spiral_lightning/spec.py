@@ -25,8 +25,9 @@ class TableSpec:
 
     ``uri`` names the table: ``spiral:<local root>`` (ids read from the file ``write_table``
     leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``,
-    ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table, or
-    ``parquet:<file | folder | glob>`` on any filesystem pyarrow opens. ``columns`` selects
+    ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table,
+    ``parquet:<file | folder | glob>`` on any filesystem pyarrow opens, or ``sds:<root>`` for a
+    published signal-dataset snapshot. ``columns`` selects
     columns (all when ``None``). ``filter`` keeps the rows it holds for: text in the filter
     language (``"label < 5 AND name LIKE 'cat%'"``, the same meaning on every backend) or the
     backend's native expression (``spiral.Expression``, ``pyarrow.compute.Expression``).
@@ -48,7 +49,9 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
-            raise ValueError(f"a table uri looks like 'spiral:<root>' or 'parquet:<path>', not {self.uri!r}")
+            raise ValueError(
+                f"a table uri looks like 'spiral:<root>', 'parquet:<path>' or 'sds:<root>', not {self.uri!r}"
+            )
         if self.columns is not None:
             columns: Any = self.columns
             if isinstance(columns, str) or not isinstance(columns, Sequence):
