@@ -269,7 +269,9 @@ class TableDataset(IterableDataset[Any]):
     def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:
         """``batch`` with the spec's media decoded; rows skipped for bad media are counted."""
         where = Where(f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})", first_row)
-        projected = project(batch, self.spec.media, where, on_error=self.spec.on_error)
+        decoded = self.source().decoded
+        media = [item for item in self.spec.media if item.column not in decoded]
+        projected = project(batch, media, where, on_error=self.spec.on_error)
         self.skipped += len(projected.skipped)
         return projected.batch
 

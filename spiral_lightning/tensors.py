@@ -17,6 +17,9 @@ _FIXED_SHAPE_TENSOR = "arrow.fixed_shape_tensor"
 #: The field metadata key of a shaped tensor column (see ``to_torch``); its JSON value says
 #: whether the values are complex numbers stored as (real, imaginary) pairs.
 _SHAPED_TENSOR = b"spiral_lightning.tensor"
+#: The canonical Arrow extension of tensors whose shape varies by row (``data``, ``shape``), which
+#: Spiral scans produce from image columns.
+_VARIABLE_SHAPE_TENSOR = "arrow.variable_shape_tensor"
 
 
 def to_torch(batch: pa.RecordBatch) -> Batch:
@@ -66,6 +69,8 @@ class _Plan(NamedTuple):
         shaped = (field.metadata or {}).get(_SHAPED_TENSOR)
         if shaped is not None and pa.types.is_struct(storage):
             return cls(field.name, "complex" if json.loads(shaped).get("complex") else "shaped", extension)
+        if _extension_name(field) == _VARIABLE_SHAPE_TENSOR and pa.types.is_struct(storage):
+            return cls(field.name, "shaped", extension)
         sizes: list[int] = []
         values = storage
         while pa.types.is_fixed_size_list(values):
@@ -136,6 +141,14 @@ def _shaped(array: pa.StructArray, pairs: bool) -> torch.Tensor | list[Any]:
     cuts = zip(pairwise(starts), shapes.tolist(), strict=True)
     rows = [values[begin:end].reshape(*dims) for (begin, end), dims in cuts]
     return [torch.view_as_complex(row) for row in rows] if pairs else rows
+
+
+def _extension_name(field: pa.Field) -> str:
+    """A field's Arrow extension name, registered with pyarrow as a type or only in its metadata."""
+    if isinstance(field.type, pa.BaseExtensionType):
+        return str(field.type.extension_name)
+    name: bytes = (field.metadata or {}).get(b"ARROW:extension:name", b"")
+    return name.decode()
 
 
 def _declared_shape(field: pa.Field) -> tuple[list[int] | None, list[int] | None]:

@@ -173,6 +173,10 @@ class ParquetSource:
         return self._schema
 
     @property
+    def decoded(self) -> frozenset[str]:
+        return frozenset()
+
+    @property
     def splits(self) -> Sequence[Split]:
         return self._splits
 

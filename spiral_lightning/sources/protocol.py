@@ -32,6 +32,12 @@ class Source(Protocol):
         ...
 
     @property
+    def decoded(self) -> frozenset[str]:
+        """The media columns the source itself decodes into tensors (inside its scan), which the
+        reading process must not decode again."""
+        ...
+
+    @property
     def splits(self) -> Sequence[Split]:
         """The plan: every split, in stored order."""
         ...

@@ -342,6 +342,10 @@ class SdsSource:
         return self._schema
 
     @property
+    def decoded(self) -> frozenset[str]:
+        return frozenset()
+
+    @property
     def splits(self) -> Sequence[Split]:
         return self._splits
 

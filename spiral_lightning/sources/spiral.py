@@ -20,6 +20,7 @@ import pyarrow as pa
 import spiral
 
 from spiral_lightning import filters
+from spiral_lightning.media import Image
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
 from spiral_lightning.sources.protocol import ReadBatch
 from spiral_lightning.spec import TableSpec
@@ -161,25 +162,67 @@ def _native_filter(condition: object, schema: pa.Schema) -> spiral.Expression | 
 _BLOB = "spql.Blob"
 
 
-def _is_blob(field: pa.Field) -> bool:
-    """Whether ``field`` is a blob column, with ``spiral.types`` imported (a registered extension
-    type) or not (the extension's name in the field's metadata)."""
+#: The Arrow extension of Spiral's decoded-image columns (RGB pixels with their width and height).
+_PIXELS = "spql.Image"
+#: Image projections a Spiral scan can make itself, by (layout, dtype, normalize): its to_tensor
+#: layout and normalization names.
+_SCAN_TENSORS = {
+    ("CHW", "float32", "unit"): ("chw", "unit"),
+    ("CHW", "float32", "imagenet"): ("chw", "imagenet"),
+    ("HWC", "uint8", None): ("hwc", "none"),
+}
+
+
+def _is_extension(field: pa.Field, name: str) -> bool:
+    """Whether ``field`` is of extension ``name``, with ``spiral.types`` imported (a registered
+    extension type) or not (the extension's name in the field's metadata)."""
     if isinstance(field.type, pa.BaseExtensionType):
-        return bool(field.type.extension_name == _BLOB)
-    return (field.metadata or {}).get(b"ARROW:extension:name") == _BLOB.encode()
+        return bool(field.type.extension_name == name)
+    return (field.metadata or {}).get(b"ARROW:extension:name") == name.encode()
 
 
-def _blob_projection(schema: pa.Schema, columns: Sequence[str]) -> dict[str, spiral.Expression] | None:
-    """The selected columns with each blob column's payload bytes read inside the scan (a blob
-    reference is of no use to a training loop, and the scan reads payloads in bulk); ``None``
-    when no selected column is a blob, so plain scans keep their column selection."""
-    blobs = {name for name in columns if _is_blob(schema.field(name))}
-    if not blobs:
+def _pixels(name: str, image: Image) -> spiral.Expression:
+    """The scan's own resize and to-tensor of the pixel column ``name``, as ``image`` asks."""
+    try:
+        layout, normalize = _SCAN_TENSORS[(image.layout, image.dtype, image.normalize)]
+    except KeyError:
+        supported = [f"layout={a!r}, dtype={b!r}, normalize={c!r}" for a, b, c in _SCAN_TENSORS]
+        raise ValueError(
+            f"column {name!r} holds decoded pixels, which the scan turns into tensors as {supported} only, not "
+            f"layout={image.layout!r}, dtype={image.dtype!r}, normalize={image.normalize!r}"
+        ) from None
+    pixels = spiral.column(name)
+    if image.size is not None:
+        width, height = image.size
+        pixels = spiral.call(
+            "spql.image.resize",
+            pixels,
+            spiral.literal(width, "u32"),
+            spiral.literal(height, "u32"),
+            spiral.literal("bilinear"),
+        )
+    return spiral.call("spql.image.to_tensor", pixels, spiral.literal(layout), spiral.literal(normalize))
+
+
+def _projection(
+    schema: pa.Schema, columns: Sequence[str], images: dict[str, Image]
+) -> dict[str, spiral.Expression] | None:
+    """The selected columns with what the scan computes itself: each blob column's payload bytes
+    (a blob reference is of no use to a training loop, and the scan reads payloads in bulk) and
+    each pixel column's image projection (resized and made a tensor inside the scan, far faster
+    than in Python). ``None`` when there is none, so plain scans keep their column selection."""
+    blobs = {name for name in columns if _is_extension(schema.field(name), _BLOB)}
+    if not blobs and not images:
         return None
-    return {
-        name: spiral.call("spql.io.read_bytes", spiral.column(name)) if name in blobs else spiral.column(name)
-        for name in columns
-    }
+    projection = {}
+    for name in columns:
+        if name in images:
+            projection[name] = _pixels(name, images[name])
+        elif name in blobs:
+            projection[name] = spiral.call("spql.io.read_bytes", spiral.column(name))
+        else:
+            projection[name] = spiral.column(name)
+    return projection
 
 
 class SpiralSource:
@@ -199,7 +242,9 @@ class SpiralSource:
             if unknown:
                 raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
         self._selected = list(spec.columns or schema.names)
-        self._projection = _blob_projection(schema, self._selected)
+        pixels = {image.column: image for image in spec.media if isinstance(image, Image)}
+        self._decoded = frozenset(name for name in pixels if _is_extension(schema.field(name), _PIXELS))
+        self._projection = _projection(schema, self._selected, {name: pixels[name] for name in self._decoded})
         try:
             self._scan = table.scan(self._columns(), projection=self._projection, filter=self._filter)
         except spiral.SpiralError as error:
@@ -239,6 +284,10 @@ class SpiralSource:
     @property
     def schema(self) -> pa.Schema:
         return self._scan.schema.with_metadata(self._metadata) if self._metadata else self._scan.schema
+
+    @property
+    def decoded(self) -> frozenset[str]:
+        return self._decoded
 
     @property
     def splits(self) -> Sequence[Split]:
