@@ -1,0 +1,213 @@
+"""Time to the first batch after a restore, early, midway and late in an epoch: TableDataset's
+cursor (a seek) against StatefulDataLoader's default fast-forward on a plain iterable (a replay).
+
+Run ``.venv/bin/python benchmarks/resume_cost.py`` (``--rows 500000`` for a quick look). The table
+has ``id`` int64, ``x`` float32 and ``v`` float32[16], written twice from the same rows: as a local
+Spiral table and as Parquet, both with splits (row groups) of ``--split-rows`` rows, a multiple of
+the batch of 1024 so that every batch of every path holds the same rows.
+
+A *save point* is the state after ``fraction`` of the epoch's batches (5%, 50%, 95%), taken in one
+pass per path. A *resume* is the time from handing a fresh dataset (or loader) its saved state to
+holding the first batch after it, checked to start at the row after the save; it is the median of
+``--repeats`` resumes. The paths:
+
+- ``TableDataset`` restored in process (``load_state_dict``, then ``next(iter(dataset))``), and
+  through ``StatefulDataLoader(num_workers=0)``, on the Spiral table and on the Parquet files.
+- *replay*: an ``IterableDataset`` without ``state_dict`` that yields the same batches from a
+  ``pyarrow.dataset`` scan of the Parquet files. ``StatefulDataLoader`` can only restore it by
+  reading and dropping the batches delivered before the save, as its documentation says.
+
+Ratios: each resume against the same path's 5% resume (target: TableDataset's 95% resume at most
+1.5x its 5% resume, since a seek does not grow with the position), and the replay's resume against
+TableDataset's on the same Parquet files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning import TableDataset, TableSpec, to_torch, write_table
+
+BATCH_SIZE = 1024
+WIDTH = 16
+FRACTIONS = (0.05, 0.5, 0.95)
+#: The ratio of the late resume to the early one that a seek must stay under.
+TARGET = 1.5
+
+
+def rows_of(rows: int, split_rows: int) -> pa.RecordBatchReader:
+    """``rows`` rows with ids 0..rows-1, generated one split at a time so memory stays flat."""
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("v", pa.list_(pa.float32(), WIDTH))])
+    generator = np.random.default_rng(7)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for start in range(0, rows, split_rows):
+            count = min(split_rows, rows - start)
+            values = pa.array(generator.random(count * WIDTH, dtype=np.float32))
+            yield pa.record_batch(
+                [
+                    pa.array(np.arange(start, start + count, dtype=np.int64)),
+                    pa.array(generator.random(count, dtype=np.float32)),
+                    pa.FixedSizeListArray.from_arrays(values, WIDTH),
+                ],
+                schema=schema,
+            )
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+class PlainBatches(IterableDataset[dict[str, Any]]):
+    """The Parquet files' rows in batches of 1024 from a ``pyarrow.dataset`` scan, as tensors.
+
+    It has no ``state_dict``: the iterable a user writes in a few lines, which
+    ``StatefulDataLoader`` resumes by replaying the batches it already delivered.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in ds.dataset(self.folder, format="parquet").to_batches(batch_size=BATCH_SIZE):
+            yield to_torch(batch)
+
+
+def first_id(batch: dict[str, Any]) -> int:
+    ids: torch.Tensor = batch["id"]
+    if len(ids) != BATCH_SIZE:
+        raise AssertionError(f"a batch of {len(ids)} rows; every path must cut batches of {BATCH_SIZE}")
+    return int(ids[0])
+
+
+def in_process(spec: TableSpec, saves: list[int]) -> dict[int, Callable[[], dict[str, Any]]]:
+    """Restores of ``TableDataset`` itself at each save point, from one pass that saved them."""
+    states: dict[int, dict[str, Any]] = {}
+    dataset = TableDataset(spec, batch_size=BATCH_SIZE)
+    for delivered, _ in enumerate(dataset, start=1):
+        if delivered in saves:
+            states[delivered] = dataset.state_dict()
+        if delivered == saves[-1]:
+            break
+
+    def restore(state: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        def first() -> dict[str, Any]:
+            fresh = TableDataset(spec, batch_size=BATCH_SIZE)
+            fresh.load_state_dict(state)
+            batch: dict[str, Any] = next(iter(fresh))
+            return batch
+
+        return first
+
+    return {delivered: restore(state) for delivered, state in states.items()}
+
+
+def through_loader(make: Callable[[], IterableDataset[Any]], saves: list[int]) -> dict[int, Callable[[], Any]]:
+    """Restores of ``StatefulDataLoader(make(), num_workers=0)`` at each save point."""
+    states: dict[int, dict[str, Any]] = {}
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=0)
+    for delivered, _ in enumerate(loader, start=1):
+        if delivered in saves:
+            states[delivered] = loader.state_dict()
+        if delivered == saves[-1]:
+            break
+
+    def restore(state: dict[str, Any]) -> Callable[[], Any]:
+        def first() -> Any:
+            fresh = StatefulDataLoader(make(), batch_size=None, num_workers=0)
+            fresh.load_state_dict(state)
+            return next(iter(fresh))
+
+        return first
+
+    return {delivered: restore(state) for delivered, state in states.items()}
+
+
+def median_resume(first: Callable[[], dict[str, Any]], expected_id: int, repeats: int) -> float:
+    """Median seconds of ``repeats`` resumes, each checked to start at ``expected_id``."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        batch = first()
+        times.append(time.perf_counter() - began)
+        if first_id(batch) != expected_id:
+            raise AssertionError(f"resumed at id {first_id(batch)}, not {expected_id}")
+    return statistics.median(times)
+
+
+def report(seconds: dict[str, list[float]], saves: list[int], rows: int, repeats: int) -> str:
+    """The resumes as a markdown table, the target checked below it."""
+    points = [f"{fraction:.0%} (batch {save:,})" for fraction, save in zip(FRACTIONS, saves, strict=True)]
+    lines = [
+        f"{rows:,} rows, batch {BATCH_SIZE}; time to the first batch after a restore, median of {repeats}",
+        "",
+        "| path | " + " | ".join(points) + " | 95% / 5% | vs replay at 95% |",
+        "| --- |" + " ---: |" * (len(points) + 2),
+    ]
+    replay = seconds["replay: plain iterable, `StatefulDataLoader` fast-forward (Parquet)"][-1]
+    for name, times in seconds.items():
+        cells = " | ".join(f"{value * 1e3:.1f} ms" for value in times)
+        lines.append(f"| {name} | {cells} | {times[-1] / times[0]:.2f}x | {replay / times[-1]:.1f}x |")
+    ours = {name: times[-1] / times[0] for name, times in seconds.items() if name.startswith("`TableDataset`")}
+    worst = max(ours.values())
+    lines += [
+        "",
+        f"target TableDataset 95% resume <= {TARGET}x its 5% resume: worst {worst:.2f}x, "
+        f"{'met' if worst <= TARGET else 'NOT met'}",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2_048_000, help="rows in the table (default 2,048,000)")
+    parser.add_argument("--split-rows", type=int, default=102_400, help="rows per split, a multiple of 1024")
+    parser.add_argument("--repeats", type=int, default=3, help="resumes per point; the median counts (default 3)")
+    parser.add_argument("--root", type=Path, help="folder that keeps the tables between runs (default: a temp folder)")
+    options = parser.parse_args()
+    if options.split_rows % BATCH_SIZE or options.rows < 20 * BATCH_SIZE or options.repeats < 1:
+        parser.error(f"--split-rows must be a multiple of {BATCH_SIZE}, --rows at least {20 * BATCH_SIZE}")
+    with tempfile.TemporaryDirectory(prefix="spiral-lightning-resume-") as temp:
+        parent = options.root or Path(temp)
+        spiral_root = parent / f"resume-spiral-{options.rows}-{options.split_rows}"
+        parquet_root = parent / f"resume-parquet-{options.rows}-{options.split_rows}"
+        for uri, root in ((f"spiral:{spiral_root}", spiral_root), (f"parquet:{parquet_root}", parquet_root)):
+            if not root.exists():
+                write_table(uri, rows_of(options.rows, options.split_rows), split_rows=options.split_rows)
+        on_spiral = TableSpec(f"spiral:{spiral_root}").resolve()
+        on_parquet = TableSpec(f"parquet:{parquet_root}").resolve()
+        batches = options.rows // BATCH_SIZE
+        saves = [max(1, round(fraction * batches)) for fraction in FRACTIONS]
+        paths = {
+            "`TableDataset` in process (Spiral)": in_process(on_spiral, saves),
+            "`TableDataset` via `StatefulDataLoader` (Spiral)": through_loader(
+                lambda: TableDataset(on_spiral, batch_size=BATCH_SIZE), saves
+            ),
+            "`TableDataset` in process (Parquet)": in_process(on_parquet, saves),
+            "`TableDataset` via `StatefulDataLoader` (Parquet)": through_loader(
+                lambda: TableDataset(on_parquet, batch_size=BATCH_SIZE), saves
+            ),
+            "replay: plain iterable, `StatefulDataLoader` fast-forward (Parquet)": through_loader(
+                lambda: PlainBatches(parquet_root), saves
+            ),
+        }
+        seconds = {
+            name: [median_resume(restores[save], save * BATCH_SIZE, options.repeats) for save in saves]
+            for name, restores in paths.items()
+        }
+        print(report(seconds, saves, options.rows, options.repeats))
+
+
+if __name__ == "__main__":
+    main()

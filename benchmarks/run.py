@@ -1,0 +1,302 @@
+"""Runs every benchmark in ``benchmarks/`` and writes the report: ``benchmarks/RESULTS.md`` (each
+benchmark's table, every target met or not, the machine and the versions) and
+``benchmarks/results.png`` (a bar per target: the measured ratio beside the target ratio).
+
+Run ``.venv/bin/python benchmarks/run.py``: quick settings by default (the whole report in a few
+minutes on 2 cores); ``--full`` runs each benchmark with its own defaults instead, ``--only
+throughput resume_cost`` runs some of them, ``--out`` writes the report elsewhere.
+
+A *target* is a ratio one benchmark's table must reach, as its issue set it: the row and column
+it is read from, and the bound. A benchmark this script has no settings for (a new file in
+``benchmarks/``) still runs, with its own defaults, and its table is reported without a target.
+Each benchmark runs in its own process, one after another; what it prints to stdout is its
+report, and its markdown tables are copied into RESULTS.md as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: One parsed markdown table: its header cells, then each row's cells.
+Table = tuple[list[str], list[list[str]]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ratio to reach: the cell in ``column`` of the rows whose first cell ``row`` matches (a
+    regular expression; the worst of several rows counts), in the ``table``-th table printed,
+    divided by that column's cell in the row named ``over`` when the table has no ratio column;
+    at least (``at_least``) or at most ``bound``."""
+
+    name: str
+    row: str
+    column: str
+    bound: float
+    at_least: bool = True
+    table: int = 0
+    over: str | None = None
+
+    def measure(self, tables: list[Table]) -> float | None:
+        """The measured ratio, ``None`` when the benchmark printed no such cell."""
+        if self.table >= len(tables):
+            return None
+        header, rows = tables[self.table]
+        if self.column not in header:
+            return None
+        column = header.index(self.column)
+        values = [_ratio(cells[column]) for cells in rows if re.search(self.row, cells[0]) and column < len(cells)]
+        found = [value for value in values if value is not None]
+        if self.over is not None:
+            base = [_ratio(cells[column]) for cells in rows if cells[0] == self.over and column < len(cells)]
+            found = [value / base[0] for value in found] if base and base[0] else []
+        if not found:
+            return None
+        return min(found) if self.at_least else max(found)
+
+    def met(self, value: float) -> bool:
+        return value >= self.bound if self.at_least else value <= self.bound
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A script in ``benchmarks/``, its quick flags and its targets."""
+
+    script: str
+    quick: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+
+
+BENCHMARKS = [
+    Benchmark(
+        "throughput",
+        ["--rows", "1000000", "--repeats", "2"],
+        [
+            Target("TableDataset >= 0.9x raw Spiral `to_reader`", r"^`TableDataset\(", "vs raw to_reader", 0.9),
+            Target("TableDataset >= 1.1x `ScanDataset`", r"^`TableDataset\(", "vs ScanDataset", 1.1),
+        ],
+    ),
+    Benchmark(
+        "parquet_read",
+        ["--rows", "1000000", "--repeats", "2"],
+        [Target("TableDataset on Parquet >= 0.9x raw pyarrow scan", r"^`TableDataset`$", "/ raw", 0.9)],
+    ),
+    Benchmark(
+        "shuffled",
+        ["--rows", "1000000", "--repeats", "2"],
+        [Target("`Shuffled` (8192-row blocks) >= 0.8x `stripe`", r"^`Shuffled\(block_rows=8192\)`$", "vs stripe", 0.8)],
+    ),
+    Benchmark(
+        "map_access",
+        ["--rows", "500000", "--repeats", "3"],
+        [
+            Target(
+                "`__getitems__` >= 10x `__getitem__` per row",
+                r"^Spiral `__getitem__` per row$",
+                "time / Spiral `__getitems__`",
+                10.0,
+            )
+        ],
+    ),
+    Benchmark(
+        "lightning_overhead",
+        ["--rows", "400000", "--repeats", "3"],
+        [
+            Target(
+                "`Trainer.fit` >= 0.8x a bare loop", r"^Trainer\.fit$", "rows/s", 0.8, over="bare loop over the loader"
+            )
+        ],
+    ),
+    Benchmark(
+        "media",
+        ["--images", "1000", "--videos", "24", "--epochs", "3", "--clip-epochs", "3"],
+        [
+            Target("image projections >= 1.5x plain Pillow `Dataset`", r"^`TableDataset`", "/ plain", 1.5, table=0),
+            Target("clip projections >= 1.0x plain PyAV `Dataset`", r"^`TableDataset`", "/ plain", 1.0, table=1),
+        ],
+    ),
+    Benchmark(
+        "ray_read",
+        ["--rows", "1000000", "--repeats", "2"],
+        [
+            Target(
+                "`read_table` (Parquet) >= 1.0x `ray.data.read_parquet`",
+                r"^read_table \(Parquet\)$",
+                "vs read_parquet",
+                1.0,
+            )
+        ],
+    ),
+    Benchmark(
+        "resume_cost",
+        ["--repeats", "3"],
+        [
+            Target(
+                "TableDataset resume at 95% <= 1.5x at 5% (seek)", r"^`TableDataset`", "95% / 5%", 1.5, at_least=False
+            )
+        ],
+    ),
+]
+
+
+def _ratio(cell: str) -> float | None:
+    """The number in a cell such as ``1.05x`` or ``1,473,481``; ``None`` when there is none."""
+    match = re.search(r"-?[\d,]*\.?\d+", cell)
+    return float(match[0].replace(",", "")) if match else None
+
+
+def tables_in(text: str) -> list[Table]:
+    """The markdown tables in ``text``, in order."""
+    tables: list[Table] = []
+    block: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if len(block) >= 2:
+            cells = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in block]
+            tables.append((cells[0], cells[2:]))
+        block = []
+    return tables
+
+
+@dataclass
+class Outcome:
+    """What one benchmark printed, how long it ran, and each target's measured ratio."""
+
+    benchmark: Benchmark
+    stdout: str
+    seconds: float
+    returncode: int
+    ratios: list[tuple[Target, float | None]]
+
+
+def run(benchmark: Benchmark, full: bool, timeout: float) -> Outcome:
+    """Runs one benchmark script in its own process and reads its targets from its tables."""
+    command = [sys.executable, str(HERE / f"{benchmark.script}.py"), *([] if full else benchmark.quick)]
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        stdout, returncode = done.stdout, done.returncode
+        if returncode:
+            stdout += f"\n\nfailed with status {returncode}:\n\n```\n{done.stderr[-3000:]}\n```\n"
+    except subprocess.TimeoutExpired:
+        stdout, returncode = f"did not finish within {timeout:.0f} s", -1
+    seconds = time.perf_counter() - began
+    tables = tables_in(stdout)
+    return Outcome(benchmark, stdout, seconds, returncode, [(t, t.measure(tables)) for t in benchmark.targets])
+
+
+def machine() -> list[str]:
+    """The machine and the versions the numbers were measured with."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = []
+    for package in ("torch", "torchdata", "pyarrow", "spiral-sdk", "lightning", "ray", "signal-dataset"):
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return [
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        f"- Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), {memory:.0f} GiB memory, "
+        f"{platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()}; " + ", ".join(versions),
+    ]
+
+
+def report(outcomes: list[Outcome], full: bool, note: str) -> str:
+    """RESULTS.md: the headline of targets, then every benchmark's own output."""
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `benchmarks/run.py`"
+        + (" with each benchmark's own defaults." if full else " with its quick settings (`--full` for the defaults)."),
+        "Ratios measured within one run are the result; absolute rates swing by up to about 30% between runs on",
+        "shared machines, so compare rates only inside one table.",
+        "",
+        *machine(),
+    ]
+    if note:
+        lines += [f"- Note: {note}"]
+    lines += ["", "## Targets", "", "| benchmark | target | measured | met |", "| --- | --- | ---: | --- |"]
+    for outcome in outcomes:
+        for target, value in outcome.ratios:
+            measured = "no result" if value is None else f"{value:.2f}x"
+            met = "no result" if value is None else ("met" if target.met(value) else "**not met**")
+            lines.append(f"| {outcome.benchmark.script} | {target.name} | {measured} | {met} |")
+    for outcome in outcomes:
+        command = [".venv/bin/python", f"benchmarks/{outcome.benchmark.script}.py"]
+        command += [] if full else outcome.benchmark.quick
+        lines += [
+            "",
+            f"## {outcome.benchmark.script}",
+            "",
+            f"`{' '.join(command)}` ({outcome.seconds:.0f} s)",
+            "",
+            *[line for line in outcome.stdout.strip().splitlines() if not line.startswith("table ready")],
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def chart(outcomes: list[Outcome], path: Path) -> None:
+    """A horizontal bar per target: the measured ratio, and a mark at the target's bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [(o.benchmark.script, t, v) for o in outcomes for t, v in o.ratios if v is not None]
+    figure, axes = plt.subplots(figsize=(10, 0.5 * len(measured) + 1.5))
+    labels = [f"{script}: {target.name}" for script, target, _ in measured]
+    colors = ["tab:green" if target.met(value) else "tab:red" for _, target, value in measured]
+    positions = range(len(measured))
+    axes.barh(positions, [value for _, _, value in measured], color=colors)
+    axes.scatter([target.bound for _, target, _ in measured], positions, marker="|", s=400, color="black", zorder=3)
+    for position, (_, _, value) in zip(positions, measured, strict=True):
+        axes.annotate(f"{value:.2f}x", (value, position), xytext=(4, -4), textcoords="offset points", fontsize=8)
+    axes.set_yticks(list(positions), labels, fontsize=8)
+    axes.invert_yaxis()
+    axes.set_xscale("log")
+    axes.set_xlabel("ratio against the baseline (log scale); black mark: the target; green: met, red: not met")
+    axes.set_title("spiral-lightning benchmarks: ratios against each baseline")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    known = {benchmark.script: benchmark for benchmark in BENCHMARKS}
+    found = sorted(path.stem for path in HERE.glob("*.py") if path.stem not in ("run", "__init__"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=found, help="run these benchmarks only")
+    parser.add_argument("--full", action="store_true", help="each benchmark's own defaults instead of quick settings")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one benchmark may take (default 600)")
+    parser.add_argument("--note", default="", help="a line about the run for RESULTS.md, e.g. other load")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md and results.png")
+    options = parser.parse_args()
+    order = [name for name in known if name in found] + [name for name in found if name not in known]
+    chosen = [known.get(name, Benchmark(name)) for name in order if not options.only or name in options.only]
+    outcomes: list[Outcome] = []
+    for benchmark in chosen:
+        print(f"running {benchmark.script} ...", flush=True)
+        outcomes.append(run(benchmark, options.full, options.timeout))
+        print(f"  {outcomes[-1].seconds:.0f} s, status {outcomes[-1].returncode}", flush=True)
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "RESULTS.md").write_text(report(outcomes, options.full, options.note))
+    chart(outcomes, options.out / "results.png")
+    print(f"wrote {options.out / 'RESULTS.md'} and {options.out / 'results.png'}")
+
+
+if __name__ == "__main__":
+    main()
