@@ -17,7 +17,7 @@ from spiral_lightning.media import Where, project
 from spiral_lightning.shuffle import shuffled_chunks
 from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.state import Cursor, State
+from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
 
@@ -234,6 +234,7 @@ class TableDataset(IterableDataset[Any]):
                     f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
                     "the policy must depend only on the plan, the shard and the epoch"
                 )
+            check_cursor(resume.cursor, items)
             cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
         else:
             skipped = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -152,6 +152,24 @@ class State:
                 + "; ".join(differ)
                 + "); restore it into a dataset built like the one that saved it"
             )
+
+
+def check_cursor(cursor: Cursor, items: Sequence[WorkItem]) -> None:
+    """``ValueError`` unless ``cursor`` points into ``items``: at a stored row of its work item,
+    or at the end of the list. A cursor elsewhere would read rows of another consumer or none."""
+    if cursor.item < len(items):
+        item = items[cursor.item]
+        if item.start <= cursor.row <= item.end:
+            return
+        where = f"stored rows {item.start}..{item.end} of split {item.split}"
+    elif cursor.item == len(items) and cursor.row == 0 and cursor.skip == 0:
+        return
+    else:
+        where = f"the {len(items)} work items, or their end (a cursor of ({len(items)}, 0, 0))"
+    raise ValueError(
+        f"the state's cursor {tuple(cursor)} points outside this consumer's work: expected a position in {where}; "
+        "the state was edited or damaged"
+    )
 
 
 def _is_int(value: Any) -> bool:
