@@ -19,6 +19,7 @@ from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.tensors import to_torch
+from spiral_lightning.watchdog import watch
 from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
 
 
@@ -89,12 +90,15 @@ class TableDataset(IterableDataset[Any]):
         self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
+        self._owner_pid: int | None = None
         self.set_rows_per_consumer(rows_per_consumer)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_source"] = None
         state["_source_pid"] = None
+        # The process that pickles a dataset for its workers is the one they must not outlive.
+        state["_owner_pid"] = os.getpid()
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -220,6 +224,8 @@ class TableDataset(IterableDataset[Any]):
         self._rows = None
 
     def __iter__(self) -> Iterator[Any]:
+        if self._owner_pid is not None and get_worker_info() is not None:
+            watch(self._owner_pid)
         source = self.source()
         shard = self.shard()
         items = self.work(shard)
