@@ -20,41 +20,18 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from throughput import table_data
 
 from spiral_lightning import TableMapDataset, TableSpec, write_table
 
-WIDTH = 16
-
 #: A path: fetches the rows of the given indices and returns their ids in request order.
 Fetch = Callable[[np.ndarray], list[int]]
-
-
-def table_data(rows: int, chunk: int = 100_000) -> pa.RecordBatchReader:
-    """``rows`` rows of the benchmark's columns, made a chunk at a time to bound memory."""
-    schema = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("v", pa.list_(pa.float32(), WIDTH))])
-    generator = np.random.default_rng(0)
-
-    def chunks() -> Iterator[pa.RecordBatch]:
-        for start in range(0, rows, chunk):
-            count = min(chunk, rows - start)
-            yield pa.record_batch(
-                [
-                    pa.array(np.arange(start, start + count, dtype=np.int64)),
-                    pa.array(generator.standard_normal(count, dtype=np.float32)),
-                    pa.FixedSizeListArray.from_arrays(
-                        pa.array(generator.standard_normal(count * WIDTH, dtype=np.float32)), WIDTH
-                    ),
-                ],
-                schema=schema,
-            )
-
-    return pa.RecordBatchReader.from_batches(schema, chunks())
 
 
 def tables(root: Path, rows: int, splits: int) -> tuple[TableSpec, TableSpec]:

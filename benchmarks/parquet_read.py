@@ -27,45 +27,21 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+from throughput import WIDTH, table_data
 
 from spiral_lightning import TableDataset, TableSpec, to_torch, write_table
 
-WIDTH = 16
 COLUMNS = ["id", "x", "v"]
 SPLIT_ROWS = 100_000
 
 #: A path: one full pass, returning the rows it delivered.
 Pass = Callable[[], int]
-
-
-def table_data(rows: int, chunk: int = 100_000) -> pa.RecordBatchReader:
-    """``rows`` rows of the benchmark's columns, made a chunk at a time to bound memory."""
-    schema = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("v", pa.list_(pa.float32(), WIDTH))])
-    generator = np.random.default_rng(0)
-
-    def chunks() -> Iterator[pa.RecordBatch]:
-        for start in range(0, rows, chunk):
-            count = min(chunk, rows - start)
-            yield pa.record_batch(
-                [
-                    pa.array(np.arange(start, start + count, dtype=np.int64)),
-                    pa.array(generator.standard_normal(count, dtype=np.float32)),
-                    pa.FixedSizeListArray.from_arrays(
-                        pa.array(generator.standard_normal(count * WIDTH, dtype=np.float32)), WIDTH
-                    ),
-                ],
-                schema=schema,
-            )
-
-    return pa.RecordBatchReader.from_batches(schema, chunks())
 
 
 def table(root: Path, rows: int) -> Path:
