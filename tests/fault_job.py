@@ -27,10 +27,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import get_worker_info
 
 from spiral_lightning import Shard, SpiralDataModule, Split, TableSpec, WorkItem, balanced
+from tests.lightning_job import job_trainer
 
 #: The exit status of a worker ended by ``dies_in_worker``, as a crashed worker would leave one.
 WORKER_EXIT = 17
@@ -103,23 +103,7 @@ def main() -> None:
     parser.add_argument("--rewrite-after-epoch", type=Path, default=None)
     args = parser.parse_args()
     out = Path(args.out)
-    callbacks: list[pl.Callback] = []
-    if args.checkpoint_every:
-        callbacks.append(
-            ModelCheckpoint(out / "checkpoints", "{step}", every_n_train_steps=args.checkpoint_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=args.devices,
-        default_root_dir=out,
-        strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.max_epochs,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every)
     data = SpiralDataModule(
         TableSpec(args.uri, columns=["id", "x"]),
         batch_size=args.batch_size,

@@ -45,6 +45,29 @@ def reversed_on_odd_epochs(plan: Sequence[Split], shard: Shard, epoch: int) -> l
     return balanced(list(plan)[::-1] if epoch % 2 else plan, shard, epoch)
 
 
+def job_trainer(out: Path, devices: int, max_epochs: int, checkpoint_every: int, max_steps: int = -1) -> pl.Trainer:
+    """A CPU Trainer for a test job under ``out``: DDP over gloo when ``devices > 1``, and a
+    checkpoint every ``checkpoint_every`` steps (none when 0) in ``out/checkpoints``."""
+    callbacks: list[pl.Callback] = []
+    if checkpoint_every:
+        callbacks.append(
+            ModelCheckpoint(out / "checkpoints", "{step}", every_n_train_steps=checkpoint_every, save_top_k=-1)
+        )
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        default_root_dir=out,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
@@ -60,24 +83,7 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=1)
     args = parser.parse_args()
     out = Path(args.out)
-    callbacks: list[pl.Callback] = []
-    if args.checkpoint_every:
-        callbacks.append(
-            ModelCheckpoint(out / "checkpoints", "{step}", every_n_train_steps=args.checkpoint_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=args.devices,
-        default_root_dir=out,
-        strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.max_epochs,
-        max_steps=args.max_steps,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
     spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)
     data = SpiralDataModule(spec, batch_size=args.batch_size, num_workers=args.workers)
     model = Recorder()
