@@ -50,30 +50,30 @@ class TableMapDataset(Dataset[Any]):
         self.spec = as_spec(spec).resolve()
         self.transform = transform
         self._ends: np.ndarray | None = None
-        self._source: Source | None = None
-        self._source_pid: int | None = None
-        self._lock = threading.Lock()
+        self._opened = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_source"] = None
-        state["_source_pid"] = None
-        del state["_lock"]
+        del state["_opened"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._opened = threading.local()
 
     def source(self) -> Source:
-        """The table version opened in this process (opened on first use, once per process)."""
-        # Grain reads from several threads; one lock keeps them to one source per process.
-        with self._lock:
-            pid = os.getpid()
-            if self._source is None or self._source_pid != pid:
-                self._source = open_source(self.spec)
-                self._source_pid = pid
-            return self._source
+        """The table version opened in this thread of this process (opened on first use).
+
+        Grain calls ``__getitem__`` from a pool of threads, and an open Parquet file (like other
+        readers) must not serve two threads at once, so each thread reads through its own source;
+        the process id is checked too because a forked child inherits the forking thread's source.
+        """
+        opened: tuple[int, Source] | None = getattr(self._opened, "source", None)
+        pid = os.getpid()
+        if opened is None or opened[0] != pid:
+            opened = (pid, open_source(self.spec))
+            self._opened.source = opened
+        return opened[1]
 
     def _split_ends(self) -> np.ndarray:
         """The index after the last row of each split: the running total of exact split counts."""
