@@ -9,11 +9,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from spiral_lightning.sources import Source, open_source
+from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import WorkItem
@@ -34,8 +33,8 @@ class TableMapDataset(Dataset[Any]):
 
     ``__getitems__(indices)`` (which ``DataLoader`` calls with a whole batch of indices) and
     ``_getitems`` (which Grain calls) return the rows of ``indices`` as a list, in request order,
-    repeats included, the same rows ``[dataset[i] for i in indices]`` gives. They read each split
-    once, with one positional read for all its indices. Returning rows rather than a collated
+    repeats included, the same rows ``[dataset[i] for i in indices]`` gives. They make one
+    positional read for all the indices, which reads each split they fall in once. Returning rows rather than a collated
     batch keeps the contract of every sampler and collate function: ``DataLoader(batch_size=B)``
     with the default collate stacks them into ``[B, ...]`` tensors.
 
@@ -110,11 +109,11 @@ class TableMapDataset(Dataset[Any]):
         positions = wanted - np.concatenate(([0], ends))[held_by]
         order = np.argsort(held_by, kind="stable")
         first_of_run = np.flatnonzero(np.diff(held_by[order], prepend=-1))
-        tables = [
-            source.take(source.splits[int(held_by[run[0]])].id, positions[run].tolist())
+        takes = [
+            Take(source.splits[int(held_by[run[0]])].id, positions[run].tolist())
             for run in np.split(order, first_of_run[1:])
         ]
-        batch = pa.concat_tables(tables).combine_chunks().to_batches()[0]
+        batch = source.take(takes).combine_chunks().to_batches()[0]
         # Row k of the batch answers request order[k]; reading it back through the inverse
         # permutation restores request order, and torch's gather copies tensors out of Arrow.
         back = np.empty_like(order)

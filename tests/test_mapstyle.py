@@ -25,7 +25,7 @@ from grain._src.python.dataset.base import SupportsBatchedReadRandomAccessDataSo
 from torch.utils.data import DataLoader, RandomSampler
 
 from spiral_lightning import TableMapDataset, TableSpec, WorkItem
-from spiral_lightning.sources import open_source
+from spiral_lightning.sources import Take, open_source
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,15 +121,20 @@ def test_filtered_spiral_take_matches_each_split_read(make_table: MakeTable) -> 
     source = open_source(make_table(SIZES, SEED, "spiral", filter=KEEP_TEXT))
     # The filter pruned the split it keeps nothing of, so the filtered scan has fewer splits.
     assert len(source.splits) == 4
+    takes, expected = [], []
     for split in source.splits:
         read = pa.Table.from_batches([b for b, _, _ in source.read([WorkItem(split.id, split.start, split.end)])])
         ids = read.column("id").to_pylist()
         positions = [len(ids) - 1, 0, 0, *range(0, len(ids), 3)]
-        taken = source.take(split.id, positions)
+        taken = source.take([Take(split.id, positions)])
         assert taken.column("id").to_pylist() == [ids[p] for p in positions]
         assert taken.column("v").to_pylist() == [read.column("v")[p].as_py() for p in positions]
         with pytest.raises(IndexError, match=f"keeps {len(ids)} rows"):
-            source.take(split.id, [len(ids)])
+            source.take([Take(split.id, [len(ids)])])
+        takes.insert(0, Take(split.id, positions[::-1]))
+        expected[:0] = [ids[p] for p in positions[::-1]]
+    # One call over every split, last split first, reads the same rows in request order.
+    assert source.take(takes).column("id").to_pylist() == expected
 
 
 def test_pickling_keeps_the_spec_and_reopens(make_table: MakeTable) -> None:

@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from spiral_lightning import TableDataset, TableSpec, WorkItem, write_table
-from spiral_lightning.sources import open_source
+from spiral_lightning.sources import Take, open_source
 
 
 def numbers(start: int, rows: int) -> pa.Table:
@@ -54,13 +54,16 @@ def test_file_folder_and_glob_name_the_same_sorted_files(tmp_path: Path) -> None
 def test_take_reads_positions_after_the_filter(tmp_path: Path) -> None:
     spec = write_table(f"parquet:{tmp_path / 'p'}", numbers(0, 300), split_rows=100)
     plain = open_source(TableSpec(spec.uri, files=spec.files))
-    assert plain.take(1, [5, 0, 5]).column("id").to_pylist() == [105, 100, 105]
+    assert plain.take([Take(1, [5, 0, 5])]).column("id").to_pylist() == [105, 100, 105]
+    assert plain.take([Take(2, [1]), Take(0, [7, 7]), Take(2, [0])]).column("id").to_pylist() == [201, 7, 7, 200]
+    assert plain.take([]).num_rows == 0
     assert plain.count([WorkItem(2, 40, 100)]) == [60]
     odd = open_source(TableSpec(spec.uri, columns=["id"], filter="odd = TRUE", files=spec.files))
-    assert odd.take(2, [0, 49, 3]).column("id").to_pylist() == [201, 299, 207]
+    assert odd.take([Take(2, [0, 49, 3])]).column("id").to_pylist() == [201, 299, 207]
+    assert odd.take([Take(1, [0]), Take(0, [49])]).column("id").to_pylist() == [101, 99]
     assert odd.count([WorkItem(0, 0, 100), WorkItem(1, 10, 21)]) == [50, 5]
     with pytest.raises(IndexError):
-        odd.take(0, [50])
+        odd.take([Take(0, [50])])
 
 
 def rewrite(path: Path, table: pa.Table) -> None:

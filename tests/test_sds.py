@@ -30,7 +30,7 @@ from spiral_lightning import (
     write_table,
 )
 from spiral_lightning.frames import read_frames, start_of
-from spiral_lightning.sources import open_source
+from spiral_lightning.sources import Take, open_source
 from spiral_lightning.sources.sds import publish_table
 from tests.tables import layout_table
 
@@ -225,9 +225,9 @@ def test_records_unlike_the_first_are_named(tmp_path: Path) -> None:
     sds.publish(str(root), [sds.write_shard(records, str(root))], dataset_id="mixed", snapshot_id="1")
     source = open_source(TableSpec(f"sds:{root}").resolve())
     with pytest.raises(ValueError, match=r"field 's' of record 'b' is int16\[4\], but the first record's is float32"):
-        source.take(0, [0, 1])
+        source.take([Take(0, [0, 1])])
     with pytest.raises(ValueError, match=r"metadata key 'gain' of record 'c' is 0.5, but the column is int64"):
-        source.take(0, [0, 2])
+        source.take([Take(0, [0, 2])])
 
 
 def test_republished_root_is_refused(spec: TableSpec) -> None:

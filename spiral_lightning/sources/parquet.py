@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from spiral_lightning import filters
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
-from spiral_lightning.sources.protocol import ReadBatch
+from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import FileVersion, TableSpec
 from spiral_lightning.work import Split, WorkItem
 
@@ -218,12 +218,18 @@ class ParquetSource:
             self._kept_rows[split] = numbered.filter(self._filter).column("__stored_row").to_numpy()
         return self._kept_rows[split]
 
-    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
-        file, group = self._groups[split]
-        rows = np.asarray(positions, dtype=np.int64)
-        if self._filter is not None:
-            rows = self._kept(split)[rows]
-        return self._files[file].read_row_group(group, columns=self._columns).take(pa.array(rows))
+    def take(self, takes: Sequence[Take]) -> pa.Table:
+        groups: dict[int, pa.Table] = {}
+        parts = []
+        for split, positions in takes:
+            rows = np.asarray(positions, dtype=np.int64)
+            if self._filter is not None:
+                rows = self._kept(split)[rows]
+            if split not in groups:
+                file, group = self._groups[split]
+                groups[split] = self._files[file].read_row_group(group, columns=self._columns)
+            parts.append(groups[split].take(pa.array(rows)))
+        return pa.concat_tables(parts) if parts else self.schema.empty_table()
 
 
 def _native_filter(condition: object, schema: pa.Schema) -> tuple[pc.Expression | None, list[str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -12,6 +12,14 @@ from spiral_lightning.work import Split, WorkItem
 #: One read batch of a work list: the rows, the index of their item in the list, and the stored
 #: row after them, from which that item resumes without reading a row twice.
 ReadBatch = tuple[pa.RecordBatch, int, int]
+
+
+class Take(NamedTuple):
+    """Rows of one split by position: position ``p`` is the ``p``-th row the split returns after
+    the filter. Positions may come in any order and repeat."""
+
+    split: int
+    positions: Sequence[int]
 
 
 class Source(Protocol):
@@ -50,6 +58,7 @@ class Source(Protocol):
         """The exact rows each item returns after the filter, reading only the filter's columns."""
         ...
 
-    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
-        """Rows of ``split`` by position (the ``p``-th row the split returns), in request order."""
+    def take(self, takes: Sequence[Take]) -> pa.Table:
+        """The rows of ``takes``, take after take, each in the order of its positions; one call
+        reads each split it names once, so a sampler's whole batch is one call."""
         ...

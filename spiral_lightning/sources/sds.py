@@ -39,7 +39,7 @@ import signal_dataset as sds
 
 from spiral_lightning import filters
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
-from spiral_lightning.sources.protocol import ReadBatch
+from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.work import Split, WorkItem
 
@@ -391,11 +391,14 @@ class SdsSource:
     def count(self, items: Sequence[WorkItem]) -> list[int]:
         return [int(self._stored(item).size) for item in items]
 
-    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
-        rows = np.asarray(positions, dtype=np.int64)
-        if self._filter is not None:
-            rows = self._kept(split)[rows]
-        records = self._dataset.__getitems__((rows + self._first_ordinals[split]).tolist())
+    def take(self, takes: Sequence[Take]) -> pa.Table:
+        ordinals = []
+        for split, positions in takes:
+            rows = np.asarray(positions, dtype=np.int64)
+            if self._filter is not None:
+                rows = self._kept(split)[rows]
+            ordinals.extend((rows + self._first_ordinals[split]).tolist())
+        records = self._dataset.__getitems__(ordinals)
         return pa.Table.from_batches([self._rows(records)], schema=self._schema)
 
 

@@ -22,7 +22,7 @@ import spiral
 from spiral_lightning import filters
 from spiral_lightning.media import Image
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
-from spiral_lightning.sources.protocol import ReadBatch
+from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.work import Split, WorkItem
 
@@ -299,10 +299,10 @@ class SpiralSource:
     def count(self, items: Sequence[WorkItem]) -> list[int]:
         return self._scan.count_rows([spiral.WorkItem(*item) for item in items])
 
-    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
+    def take(self, takes: Sequence[Take]) -> pa.Table:
         if self._filter is None:
-            return self._scan.take([spiral.Take(split, positions)])
-        return self._unfiltered.take(split, positions)
+            return self._scan.take([spiral.Take(split, list(positions)) for split, positions in takes])
+        return self._unfiltered.take(takes)
 
     @cached_property
     def _unfiltered(self) -> _KeptRows:
@@ -335,7 +335,11 @@ class _KeptRows:
         self._in_keys = [_containing(self._keys.splits, split) for split in self._splits]
         self._kept: dict[int, np.ndarray] = {}
 
-    def take(self, split: int, positions: Sequence[int]) -> pa.Table:
+    def take(self, takes: Sequence[Take]) -> pa.Table:
+        return self._rows.take([self._stored(split, positions) for split, positions in takes])
+
+    def _stored(self, split: int, positions: Sequence[int]) -> spiral.Take:
+        """The take of the unfiltered scan that reads ``positions`` of filtered ``split``."""
         wanted = np.asarray(positions, dtype=np.int64)
         kept = self._kept_rows(split)
         if wanted.size and (wanted.min() < 0 or wanted.max() >= kept.size):
@@ -344,7 +348,7 @@ class _KeptRows:
                 f"position {outside} is outside split {split} of the filtered scan, which keeps {kept.size} rows"
             )
         index, start = self._in_rows[split]
-        return self._rows.take([spiral.Take(index, (kept[wanted] - start).tolist())])
+        return spiral.Take(index, (kept[wanted] - start).tolist())
 
     def _kept_rows(self, split: int) -> np.ndarray:
         """The stored rows (fragment row numbers) of filtered ``split`` that the filter keeps."""
