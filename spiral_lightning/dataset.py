@@ -19,6 +19,7 @@ from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.tensors import to_torch
+from spiral_lightning.transfer import handed_on
 from spiral_lightning.watchdog import watch
 from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
 
@@ -258,9 +259,9 @@ class TableDataset(IterableDataset[Any]):
             if self.collate is None:
                 yield frame
             elif not self.spec.media:
-                yield self.collate(frame)
+                yield handed_on(self.collate(frame))
             else:
-                yield self._decode(self.collate(frame), shard, first_row)
+                yield handed_on(self._decode(self.collate(frame), shard, first_row))
 
     def _frames(
         self, source: Source, items: list[WorkItem], cursor: Cursor, shard: Shard

@@ -28,6 +28,7 @@ from spiral_lightning.sources import Source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
+from spiral_lightning.transfer import handed_on
 from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
 
 #: The version of the dictionary ``WindowDataset.state_dict`` writes.
@@ -347,4 +348,4 @@ class WindowDataset(IterableDataset[Any]):
         self._work = work
         for batch, after in read_windows(source, items, position, self.windows, self.batch_size, self.last):
             self._position = after
-            yield batch if self.collate is None else stack(self.collate(batch), self.windows.size)
+            yield batch if self.collate is None else handed_on(stack(self.collate(batch), self.windows.size))
