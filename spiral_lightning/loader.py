@@ -84,6 +84,12 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         return self.batches
 
     def __iter__(self) -> Iterator[Any]:
+        # Setting up runs on the first next(), not here: Lightning creates every iterator before
+        # its loop, and an error raised while it creates them is hidden behind its own clean-up
+        # error ("Please call `iter(combined_loader)` first"); raised from next() it is not.
+        return self._read()
+
+    def _read(self) -> Iterator[Any]:
         if self._epoch is not None:
             epoch = self._epoch()
         else:
@@ -109,10 +115,7 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
                 super().load_state_dict(pending.loader)
             self._yielded = pending.batches
         self._reading = epoch
-        return self._counted(super().__iter__())
-
-    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
+        for batch in super().__iter__():
             self._yielded += 1
             yield batch
 
