@@ -54,6 +54,7 @@ def train_loader(
     multiprocessing_context: Literal["forkserver", "spawn"] = "forkserver",
     pin_memory: bool = False,
     resume: bool = True,
+    even_batches: bool = True,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers.
@@ -65,6 +66,12 @@ def train_loader(
     ``for epoch in range(loader.dataset.epoch, epochs)`` that calls ``loader.dataset.set_epoch``
     picks up where the stopped run was. ``ValueError`` when that state belongs to another table
     version or other settings.
+
+    With ``even_batches`` and more than one rank, every consumer of every rank reads the same
+    number of rows in each epoch (``TableDataset.even_rows``, at most ``rows_per_consumer``), so
+    ranks that synchronize every step (DDP) take the same number of steps instead of one waiting
+    forever; the rows past the quota are left out of that epoch. ``even_batches=False`` reads
+    every row, in batch counts that may differ between ranks.
     """
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -78,7 +85,8 @@ def train_loader(
         collate=collate,
         rows_per_consumer=rows_per_consumer,
     )
-    loader = StatefulDataLoader(
+    loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
+    loader = loader_class(
         dataset,
         batch_size=None,
         num_workers=num_workers,
@@ -90,6 +98,21 @@ def train_loader(
         with checkpoint.as_directory() as folder:
             restore_loader_state(loader, folder)
     return loader
+
+
+class _EvenLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """A loader that gives its dataset the even quota of the epoch it is about to read."""
+
+    def __init__(self, dataset: TableDataset, **options: Any) -> None:
+        super().__init__(dataset, **options)
+        # The quota caps the caller's own one, which is kept to apply in every epoch.
+        self._limit = dataset.rows_per_consumer
+
+    def __iter__(self) -> Any:
+        dataset: TableDataset = self.dataset
+        quota, _ = dataset.even_rows(self.num_workers)
+        dataset.set_rows_per_consumer(quota if self._limit is None else min(quota, self._limit))
+        return super().__iter__()
 
 
 def _pinned(spec: TableSpec) -> TableSpec:

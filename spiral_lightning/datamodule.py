@@ -19,7 +19,7 @@ from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.work import Policy, Shard, Shuffled, balanced, fingerprint, stripe
+from spiral_lightning.work import Policy, Shuffled, balanced, stripe
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
 STATE_FORMAT = 1
@@ -126,7 +126,6 @@ class SpiralDataModule(pl.LightningDataModule):
         self.map_train: TableMapDataset | None = None
         self._train_loader: SpiralLoader | None = None
         self._restored: dict[str, Any] | None = None
-        self._counts: dict[str, int] = {}
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:
@@ -283,7 +282,7 @@ class SpiralDataModule(pl.LightningDataModule):
         dataset = self._dataset("train")
         dataset.set_epoch(epoch)
         if self.even_batches and dataset.world_size > 1:
-            quota, dropped = self._quota(dataset)
+            quota, dropped = dataset.even_rows(self.num_workers)
             if quota != dataset.rows_per_consumer:
                 dataset.set_rows_per_consumer(quota)
                 rank_zero_info(
@@ -292,27 +291,6 @@ class SpiralDataModule(pl.LightningDataModule):
                     f"{dropped} rows are left out this epoch (even_batches=False keeps them, with unequal batches)"
                 )
         return dataset.batches(self.num_workers)
-
-    def _quota(self, dataset: TableDataset) -> tuple[int, int]:
-        """The rows every training consumer reads for equal batches, and the rows that leaves out.
-
-        Every rank counts every consumer's work list the same way, so all agree without talking;
-        counts are kept by work-list fingerprint, so an epoch with the same lists counts nothing.
-        """
-        workers = max(1, self.num_workers)
-        source = dataset.source()
-        rows: list[int] = []
-        for rank in range(dataset.world_size):
-            for worker in range(workers):
-                items = dataset.work(Shard(rank, dataset.world_size, worker, workers))
-                key = fingerprint(items)
-                if key not in self._counts:
-                    self._counts[key] = sum(source.count(items))
-                rows.append(self._counts[key])
-        quota = min(rows)
-        if self.last == "require_full":
-            quota -= quota % self.batch_size
-        return quota, sum(rows) - quota * len(rows)
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's training position with the settings it is valid for.

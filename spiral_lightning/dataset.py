@@ -92,6 +92,7 @@ class TableDataset(IterableDataset[Any]):
         self._source: Source | None = None
         self._source_pid: int | None = None
         self._owner_pid: int | None = None
+        self._counts: dict[str, int] = {}
         self.set_rows_per_consumer(rows_per_consumer)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -189,6 +190,31 @@ class TableDataset(IterableDataset[Any]):
             rows = self._capped(sum(source.count(self.work(Shard(self.rank, self.world_size, worker, consumers)))))
             total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
         return total
+
+    def even_rows(self, workers: int) -> tuple[int, int]:
+        """The rows every consumer of every rank reads in this epoch for equal batches when each
+        rank has ``workers`` DataLoader workers (0 reads in the main process), and the rows that
+        leaves out of the epoch.
+
+        The quota is the fewest rows any consumer's work list returns, rounded down to whole
+        batches with ``last="require_full"``; give it to ``set_rows_per_consumer``. Every rank
+        counts every consumer's list the same way, so all agree without talking; counts are kept
+        by work-list fingerprint, so an epoch with the same lists counts nothing again.
+        """
+        consumers = max(1, workers)
+        source = self.source()
+        rows: list[int] = []
+        for rank in range(self.world_size):
+            for worker in range(consumers):
+                items = self.work(Shard(rank, self.world_size, worker, consumers))
+                key = fingerprint(items)
+                if key not in self._counts:
+                    self._counts[key] = sum(source.count(items))
+                rows.append(self._counts[key])
+        quota = min(rows)
+        if self.last == "require_full" and self.batch_size is not None:
+            quota -= quota % self.batch_size
+        return quota, sum(rows) - quota * len(rows)
 
     def _capped(self, rows: int) -> int:
         return rows if self.rows_per_consumer is None else min(rows, self.rows_per_consumer)

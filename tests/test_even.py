@@ -3,6 +3,7 @@ TableDataset, and the quota's place in the saved state."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -111,3 +112,22 @@ def test_bad_quotas_name_the_fix(make_table: Callable[..., TableSpec]) -> None:
         TableDataset(spec, batch_size=8, last="require_full", rows_per_consumer=20)
     with pytest.raises(ValueError, match="cannot be counted ahead"):
         TableDataset(spec).batches(1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_even_rows_is_the_fewest_rows_of_any_consumer(make_table: Callable[..., TableSpec], workers: int) -> None:
+    sizes = [300, 500, 200, 700, 300, 400]
+    spec = make_table(sizes, filter=KEEP)
+    kept = set(kept_ids(sizes))
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    counts = [len(kept.intersection(range(begin, end))) for begin, end in itertools.pairwise(bounds)]
+    # The filtered scan prunes the splits it keeps nothing of (their scores' statistics say so);
+    # stripe then gives rank r splits r, r + 2, ... and its worker k of n every n-th from the k-th.
+    per_split = [count for count in counts if count]
+    assert 0 in counts
+    consumers = max(1, workers)
+    rows = [sum(per_split[rank::2][worker::consumers]) for rank in range(2) for worker in range(consumers)]
+    dataset = TableDataset(spec, batch_size=64, rank=1, world_size=2)
+    assert dataset.even_rows(workers) == (min(rows), sum(rows) - min(rows) * len(rows))
+    full = TableDataset(spec, batch_size=64, last="require_full", rank=0, world_size=2)
+    assert full.even_rows(workers) == (min(rows) // 64 * 64, sum(rows) - min(rows) // 64 * 64 * len(rows))
