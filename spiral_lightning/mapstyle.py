@@ -34,9 +34,9 @@ class TableMapDataset(Dataset[Any]):
     ``__getitems__(indices)`` (which ``DataLoader`` calls with a whole batch of indices) and
     ``_getitems`` (which Grain calls) return the rows of ``indices`` as a list, in request order,
     repeats included, the same rows ``[dataset[i] for i in indices]`` gives. They make one
-    positional read for all the indices, which reads each split they fall in once. Returning rows rather than a collated
-    batch keeps the contract of every sampler and collate function: ``DataLoader(batch_size=B)``
-    with the default collate stacks them into ``[B, ...]`` tensors.
+    positional read for all the indices, which reads each split they fall in once. Returning rows
+    rather than a collated batch keeps the contract of every sampler and collate function:
+    ``DataLoader(batch_size=B)`` with the default collate stacks them into ``[B, ...]`` tensors.
 
     The spec is pinned to one version when the dataset is built, and the rows each split returns
     are counted once, reading only the filter's columns. Only the spec, the transform and those
