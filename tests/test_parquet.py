@@ -87,6 +87,16 @@ def test_changed_added_and_removed_files_are_named(tmp_path: Path) -> None:
     assert f"changed {str(tmp_path / 'a.parquet')!r}" in message
 
 
+def test_a_file_changed_between_epochs_fails_loudly_in_process(tmp_path: Path) -> None:
+    spec = write_table(f"parquet:{tmp_path / 'p'}", numbers(0, 4000), split_rows=1000)
+    dataset = TableDataset(spec, batch_size=500)
+    assert [int(i) for batch in dataset for i in batch["id"]] == list(range(4000))
+    # The source stays open in this process; the next pass must still notice the new file.
+    rewrite(tmp_path / "p" / "part-00000.parquet", numbers(0, 4000))
+    with pytest.raises(ValueError, match=r"changed '.*part-00000\.parquet'.*rows of another version are never mixed"):
+        next(iter(dataset))
+
+
 @pytest.mark.slow
 def test_a_file_changed_mid_epoch_fails_loudly_in_the_worker(tmp_path: Path) -> None:
     spec = write_table(f"parquet:{tmp_path / 'p'}", numbers(0, 4000), split_rows=1000)

@@ -126,6 +126,7 @@ class ParquetSource:
         if spec.files is None:
             raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
         _check_unchanged(spec, spec.files)
+        self._spec = spec
         self._uri = spec.uri
         self._version = version(spec)
         filesystem, _ = _location(spec.uri)
@@ -195,6 +196,9 @@ class ParquetSource:
                 return
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        # An open file keeps reading whatever now lies at its path, so every pass (each epoch of
+        # a dataset that stays open in one process) checks the files again before its first row.
+        _check_unchanged(self._spec, self._spec.files or ())
         for index, item in enumerate(items):
             for batch, next_row in self._batches(item, self._read_columns):
                 if self._filter is not None:
