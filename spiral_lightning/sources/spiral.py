@@ -301,7 +301,7 @@ class SpiralSource:
 
     def take(self, takes: Sequence[Take]) -> pa.Table:
         if self._filter is None:
-            return self._scan.take([spiral.Take(split, list(positions)) for split, positions in takes])
+            return self._scan.take([spiral.Take(split, positions) for split, positions in takes])
         return self._unfiltered.take(takes)
 
     @cached_property
