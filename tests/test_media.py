@@ -322,6 +322,33 @@ def test_project_gives_a_list_for_mixed_sizes_unless_resized() -> None:
     assert isinstance(resized, torch.Tensor) and resized.shape == (3, 6, 8, 3)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Image("img", size=(24, 16)),
+        Image("img", size=(24, 16), layout="CHW", dtype="float32", normalize="unit"),
+        Image("img", size=(24, 16), dtype="float32", normalize="imagenet"),
+        Image("img", layout="CHW", dtype="float32"),
+    ],
+    ids=["uint8-HWC", "unit-CHW", "imagenet-HWC", "float-CHW-own-size"],
+)
+def test_project_converts_a_batch_exactly_as_each_row_alone(spec: Image) -> None:
+    # project converts a batch's pixels in one pass; the values must be those of row-by-row decodes.
+    generator = np.random.default_rng(3)
+    images = [encode_image(generator.integers(0, 256, (30, 40, 3), dtype=np.uint8), "PNG") for _ in range(4)]
+    projected = project({"img": images}, [spec], Where("spiral:/t")).batch["img"]
+    assert torch.equal(projected, torch.stack([decode_image(data, spec) for data in images]))
+
+
+@pytest.mark.parametrize(("source", "target"), [((97, 61), (32, 20)), ((40, 30), (64, 64)), ((256, 250), (64, 64))])
+def test_resize_stays_within_one_level_of_pillow_bilinear(source: tuple[int, int], target: tuple[int, int]) -> None:
+    noise = np.random.default_rng(4).integers(0, 256, (source[1], source[0], 3), dtype=np.uint8)
+    decoded = decode_image(encode_image(noise, "PNG"), Image("img", size=target)).numpy().astype(int)
+    reference = np.array(PILImage.fromarray(noise).resize(target, PILImage.Resampling.BILINEAR)).astype(int)
+    assert decoded.shape == (target[1], target[0], 3)
+    assert np.abs(decoded - reference).max() <= 1
+
+
 def test_project_takes_an_arrow_binary_column() -> None:
     data = [encode_image(gradient(6, 4), "PNG")] * 2
     projected = project({"img": pa.array(data, pa.binary())}, [Image("img")], Where("spiral:/t")).batch
