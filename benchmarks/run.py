@@ -81,7 +81,7 @@ class Benchmark:
 BENCHMARKS = [
     Benchmark(
         "throughput",
-        ["--rows", "2000000", "--repeats", "3"],
+        ["--rows", "2000000", "--repeats", "5"],
         [
             Target("TableDataset >= 0.9x raw Spiral `to_reader`", r"^`TableDataset\(", "vs raw to_reader", 0.9),
             Target("TableDataset >= 1.1x `ScanDataset`", r"^`TableDataset\(", "vs ScanDataset", 1.1),
@@ -123,7 +123,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "media",
-        ["--images", "2000", "--videos", "24", "--epochs", "3", "--clip-epochs", "3"],
+        ["--images", "2000", "--videos", "24", "--epochs", "4", "--clip-epochs", "3"],
         [
             Target("image projections >= 1.5x plain Pillow `Dataset`", r"^`TableDataset`", "/ plain", 1.5, table=0),
             Target("clip projections >= 1.0x plain PyAV `Dataset`", r"^`TableDataset`", "/ plain", 1.0, table=1),

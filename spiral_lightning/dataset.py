@@ -38,6 +38,10 @@ class TableDataset(IterableDataset[Any]):
     with ``DataLoader(batch_size=None)``; workers need ``multiprocessing_context="forkserver"``
     or ``"spawn"`` once the parent has read a table.
 
+    ``set_epoch`` and ``set_rows_per_consumer`` reach DataLoader workers that are already running
+    (``persistent_workers=True``): both settings live in a small shared-memory tensor that the
+    workers' copies share, and a worker reads them each time an epoch's iteration starts.
+
     Rank and world size come from the arguments, else from ``torch.distributed`` when it is
     initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
     source opens in the process that iterates, and only the spec and the settings are pickled.
@@ -80,14 +84,17 @@ class TableDataset(IterableDataset[Any]):
         self.last: Last = last
         self.policy = policy
         self.collate = collate
-        self.rows_per_consumer: int | None = None
-        self.epoch = 0
+        # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
+        # memory (torch pickles tensors for worker processes by handle), so settings made here
+        # after the workers started still reach them.
+        self._settings = torch.tensor([0, -1], dtype=torch.int64)
         self._resume: State | None = None
         self._cursor: Cursor | None = None
         self._work: str | None = None
         self._delivered = 0
         self.skipped = 0
         self._remainder: tuple[WorkItem, ...] | None = None
+        self._remainder_epoch = 0
         self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
@@ -96,6 +103,8 @@ class TableDataset(IterableDataset[Any]):
         self.set_rows_per_consumer(rows_per_consumer)
 
     def __getstate__(self) -> dict[str, Any]:
+        # In place, once: the copies pickled for workers then share the settings.
+        self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         state = self.__dict__.copy()
         state["_source"] = None
         state["_source_pid"] = None
@@ -115,7 +124,18 @@ class TableDataset(IterableDataset[Any]):
             self._work = None
             self._delivered = 0
             self.skipped = 0
-        self.epoch = epoch
+        self._settings[0] = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose work lists this dataset reads (see ``set_epoch``)."""
+        return int(self._settings[0])
+
+    @property
+    def rows_per_consumer(self) -> int | None:
+        """Each consumer's quota of rows, ``None`` for none (see ``set_rows_per_consumer``)."""
+        rows = int(self._settings[1])
+        return None if rows < 0 else rows
 
     def set_rows_per_consumer(self, rows: int | None) -> None:
         """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
@@ -129,7 +149,7 @@ class TableDataset(IterableDataset[Any]):
                 )
         if rows != self.rows_per_consumer:
             self._rows = None
-        self.rows_per_consumer = rows
+        self._settings[1] = -1 if rows is None else rows
 
     def source(self) -> Source:
         """The table version opened in this process (opened on first use)."""
@@ -150,9 +170,15 @@ class TableDataset(IterableDataset[Any]):
         """The work list of ``shard`` (this process's consumer) in this epoch: the policy's, or
         its share of a remainder that ``load_elastic`` re-planned."""
         shard = shard or self.shard()
-        if self._remainder is not None:
-            return share(self._remainder, shard)
+        remainder = self._replanned()
+        if remainder is not None:
+            return share(remainder, shard)
         return self.policy(self.source().splits, shard, self.epoch)
+
+    def _replanned(self) -> tuple[WorkItem, ...] | None:
+        """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
+        copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
+        return self._remainder if self._remainder_epoch == self.epoch else None
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Continue an epoch saved by every consumer of another topology (other world size or
@@ -165,6 +191,7 @@ class TableDataset(IterableDataset[Any]):
         rows = remainder(self.source(), self.policy, saved)
         self.set_epoch(saved[0].epoch)
         self._remainder = rows
+        self._remainder_epoch = saved[0].epoch
         self._resume = None
         self._rows = None
 
@@ -231,7 +258,7 @@ class TableDataset(IterableDataset[Any]):
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
             skipped=self.skipped,
-            remainder=self._remainder,
+            remainder=self._replanned(),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -246,8 +273,9 @@ class TableDataset(IterableDataset[Any]):
         saved = State.from_dict(state)
         saved.check_matches(self._state(self.shard()))
         self._resume = saved
-        self.epoch = saved.epoch
+        self._settings[0] = saved.epoch
         self._remainder = saved.remainder
+        self._remainder_epoch = saved.epoch
         self._rows = None
 
     def __iter__(self) -> Iterator[Any]:

@@ -106,9 +106,6 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
                     f"{self.batches} when Lightning sized the epoch; the policy's shares change with the epoch, "
                     "so set Trainer(reload_dataloaders_every_n_epochs=1)"
                 )
-        if self.persistent_workers and self._reading is not None and self._reading != epoch:
-            # Persistent workers hold the dataset as pickled for the last epoch; new workers read the new one.
-            super().load_state_dict({})
         self._yielded = 0
         if pending is not None and pending.epoch == epoch:
             if pending.loader:

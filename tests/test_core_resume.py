@@ -3,22 +3,25 @@ batch sizes and stop points, checked by row ids; and through a real StatefulData
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning import Shard, Split, TableDataset, TableSpec, stripe
+from spiral_lightning import Shard, Split, TableDataset, TableSpec, stripe, to_torch
 from spiral_lightning.frames import read_frames, start_of
 from spiral_lightning.sources import open_source
+from tests.lightning_job import reversed_on_odd_epochs
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 split_sizes = st.lists(st.integers(0, 9000), min_size=1, max_size=5)
@@ -203,3 +206,46 @@ def test_stateful_dataloader_resumes_exactly(
     rest = ids(list(second))
     assert ids(before) + rest == whole
     assert sorted(row for batch in whole for row in batch) == kept_ids(sizes, seed=11)
+
+
+def with_pid(batch: pa.RecordBatch) -> dict[str, Any]:
+    """``to_torch``'s batch and the process that read it."""
+    return {**to_torch(batch), "pid": os.getpid()}
+
+
+@pytest.mark.slow
+def test_set_epoch_and_quota_reach_persistent_workers_without_restarting_them(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    spec = make_table([100, 60, 140, 100], columns=["id"])
+
+    def loader(dataset: TableDataset, persistent: bool) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver", persistent_workers=persistent
+        )
+
+    def dataset(epoch: int, quota: int | None) -> TableDataset:
+        made = TableDataset(spec, batch_size=30, policy=reversed_on_odd_epochs, collate=with_pid)
+        made.set_epoch(epoch)
+        made.set_rows_per_consumer(quota)
+        return made
+
+    def read(batches: Iterable[dict[str, Any]]) -> tuple[list[int], set[int]]:
+        seen = list(batches)
+        return [int(i) for batch in seen for i in batch["id"]], {batch["pid"] for batch in seen}
+
+    persistent = dataset(0, None)
+    kept = loader(persistent, persistent=True)
+    rows, workers = {}, []
+    for epoch, quota in [(0, None), (1, None), (2, 90), (3, None)]:
+        persistent.set_epoch(epoch)
+        persistent.set_rows_per_consumer(quota)
+        rows[epoch], pids = read(kept)
+        workers.append(pids)
+    assert len(workers[0]) == 2 and all(pids == workers[0] for pids in workers)
+    # Each epoch equals what freshly started workers read for it: the odd epochs' order, the quota.
+    for epoch, quota in [(1, None), (2, 90)]:
+        assert rows[epoch] == read(loader(dataset(epoch, quota), persistent=False))[0]
+    assert sorted(rows[0]) == sorted(rows[1]) == sorted(rows[3]) == list(range(400))
+    assert rows[1] != rows[0] and rows[3] == rows[1]
+    assert len(rows[2]) == 180
