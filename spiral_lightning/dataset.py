@@ -12,13 +12,13 @@ import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
 from spiral_lightning.elastic import remainder, share
-from spiral_lightning.frames import LAST_MODES, Last, cut, read_frames, start_of
+from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.media import Where, project
 from spiral_lightning.shuffle import shuffled_chunks
 from spiral_lightning.sources import Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
-from spiral_lightning.tensors import to_torch
+from spiral_lightning.tensors import BatchSlices, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.watchdog import watch
 from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
@@ -306,20 +306,39 @@ class TableDataset(IterableDataset[Any]):
         frames = self._frames(source, items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
+        collate = self._collate()
         for frame, after in frames:
             self._cursor = after
             first_row = self._delivered
             self._delivered += frame.num_rows
-            if self.collate is None:
-                yield frame
+            if collate is None:
+                yield frame.rows()
             elif not self.spec.media:
-                yield handed_on(self.collate(frame))
+                yield handed_on(collate(frame))
             else:
-                yield handed_on(self._decode(self.collate(frame), shard, first_row))
+                yield handed_on(self._decode(collate(frame), shard, first_row))
+
+    def _collate(self) -> Callable[[Frame], Any] | None:
+        """How this pass turns a frame into what it yields (``None``: the frame's record batch)."""
+        collate = self.collate
+        if collate is None:
+            return None
+        if collate is not to_torch:
+            return lambda frame: collate(frame.rows())
+        # Most frames are one slice of one read batch; converting each read batch once and slicing
+        # its tensors costs a fraction of converting every frame.
+        slices = BatchSlices()
+
+        def convert(frame: Frame) -> Any:
+            if len(frame.parts) == 1:
+                return slices(*frame.parts[0])
+            return to_torch(frame.rows())
+
+        return convert
 
     def _frames(
         self, source: Source, items: list[WorkItem], cursor: Cursor, shard: Shard
-    ) -> Iterator[tuple[pa.RecordBatch, Cursor]]:
+    ) -> Iterator[tuple[Frame, Cursor]]:
         """The consumer's frames from ``cursor``, shuffled within windows when the policy asks."""
         policy = self.policy
         if not isinstance(policy, Shuffled) or not policy.buffer_rows:
@@ -338,9 +357,7 @@ class TableDataset(IterableDataset[Any]):
         return projected.batch
 
 
-def _within(
-    frames: Iterator[tuple[pa.RecordBatch, Cursor]], rows: int, done: Cursor
-) -> Iterator[tuple[pa.RecordBatch, Cursor]]:
+def _within(frames: Iterator[tuple[Frame, Cursor]], rows: int, done: Cursor) -> Iterator[tuple[Frame, Cursor]]:
     """The first ``rows`` rows of ``frames``; the frame that reaches the quota ends at ``done``,
     the cursor of a finished consumer, so a resume after it reads nothing more."""
     left = rows
@@ -348,7 +365,7 @@ def _within(
         return
     for frame, after in frames:
         if frame.num_rows >= left:
-            yield frame.slice(0, left), done
+            yield frame.head(left), done
             return
         left -= frame.num_rows
         yield frame, after

@@ -78,25 +78,60 @@ class Chunk(NamedTuple, Generic[P]):
     at: Callable[[int], P]
 
 
-def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) -> Iterator[tuple[pa.RecordBatch, P]]:
+class Part(NamedTuple):
+    """Rows ``offset`` to ``offset + length`` of one chunk's ``rows``."""
+
+    rows: pa.RecordBatch
+    offset: int
+    length: int
+
+
+class Frame(NamedTuple):
+    """One frame's ``num_rows`` rows as the parts of the chunks it was cut from, in order.
+
+    A frame keeps its chunks rather than a joined batch so that a converter can convert each
+    chunk once and slice the result (see ``BatchSlices``); ``rows()`` joins them.
+    """
+
+    parts: tuple[Part, ...]
+    num_rows: int
+
+    def rows(self) -> pa.RecordBatch:
+        """The frame's rows as one record batch."""
+        slices = [part.rows.slice(part.offset, part.length) for part in self.parts]
+        return slices[0] if len(slices) == 1 else pa.concat_batches(slices)
+
+    def head(self, rows: int) -> Frame:
+        """The frame's first ``rows`` rows (``0 < rows <= num_rows``)."""
+        kept: list[Part] = []
+        left = rows
+        for part in self.parts:
+            if left <= 0:
+                break
+            kept.append(part._replace(length=min(part.length, left)))
+            left -= part.length
+        return Frame(tuple(kept), rows)
+
+
+def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) -> Iterator[tuple[Frame, P]]:
     """Frames of ``batch_size`` rows cut from ``chunks``, each with the position after it; the
     frame of leftover rows (``keep_partial``) ends at ``end``. Without a ``batch_size`` each
     chunk is a frame as it arrives."""
-    parts: list[pa.RecordBatch] = []
+    parts: list[Part] = []
     held = 0
     for chunk in chunks:
         rows = chunk.rows.num_rows
         if batch_size is None:
-            yield chunk.rows, chunk.at(rows)
+            yield Frame((Part(chunk.rows, 0, rows),), rows), chunk.at(rows)
             continue
         used = 0
         while used < rows:
-            part = chunk.rows.slice(used, batch_size - held)
-            parts.append(part)
-            held += part.num_rows
-            used += part.num_rows
+            length = min(batch_size - held, rows - used)
+            parts.append(Part(chunk.rows, used, length))
+            held += length
+            used += length
             if held == batch_size:
-                yield _join(parts), chunk.at(used)
+                yield Frame(tuple(parts), held), chunk.at(used)
                 parts, held = [], 0
     if held:
         if last == "require_full":
@@ -104,7 +139,7 @@ def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) 
                 f"{held} rows remain after this consumer's last full batch of {batch_size}; "
                 "use last='keep_partial' to deliver them as a shorter batch, or pick a batch size that divides the rows"
             )
-        yield _join(parts), end
+        yield Frame(tuple(parts), held), end
 
 
 def _position(run: Run, items: Sequence[WorkItem], rows: int) -> Cursor:
@@ -120,14 +155,10 @@ def read_frames(
     cursor: Cursor,
     batch_size: int | None,
     last: Last,
-) -> Iterator[tuple[pa.RecordBatch, Cursor]]:
+) -> Iterator[tuple[Frame, Cursor]]:
     """Frames of ``batch_size`` rows from ``cursor`` on, each with the cursor after it.
 
     Without a ``batch_size`` each read batch is a frame as it arrives (empty ones dropped).
     """
     chunks = (Chunk(run.rows, partial(_position, run, items)) for run in runs(source, items, cursor))
     return cut(chunks, batch_size, last, Cursor(len(items), 0))
-
-
-def _join(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)

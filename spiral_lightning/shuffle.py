@@ -33,7 +33,8 @@ def shuffled_chunks(
     """The consumer's undelivered rows from ``cursor`` on, window by window in shuffled order."""
     start = Cursor(cursor.item, cursor.row, cursor.skip)
     window, taken = cursor.window, cursor.taken
-    for rows, after in read_frames(source, items, start, size, "keep_partial"):
+    for frame, after in read_frames(source, items, start, size, "keep_partial"):
+        rows = frame.rows()
         order = np.random.default_rng((*key, window)).permutation(rows.num_rows)
         yield Chunk(rows.take(order[taken:]), partial(_inside, start, after, window, taken, rows.num_rows))
         start, window, taken = after, window + 1, 0

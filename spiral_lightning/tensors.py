@@ -40,6 +40,45 @@ def to_torch(batch: pa.RecordBatch) -> Batch:
     return {plan.name: plan.convert(array) for plan, array in zip(plans, batch.columns, strict=True)}
 
 
+class BatchSlices:
+    """``to_torch`` of slices of record batches that arrive batch after batch, as the frames cut
+    from a stream do: each batch is converted once and a slice of it becomes slices of its
+    tensors and lists.
+
+    That equals converting the slice whenever no column's conversion depends on its rows: a
+    batch with nulls in a numeric column, or a shaped column of mixed shapes, converts to lists
+    where some of its slices would convert to tensors, so its slices are converted one by one.
+    """
+
+    def __init__(self) -> None:
+        self._batch: pa.RecordBatch | None = None
+        self._whole: Batch | None = None
+
+    def __call__(self, batch: pa.RecordBatch, offset: int, length: int) -> Batch:
+        """``to_torch(batch.slice(offset, length))``."""
+        if batch is not self._batch:
+            self._batch = batch
+            self._whole = _sliceable(batch)
+        whole = self._whole
+        if whole is None:
+            return to_torch(batch.slice(offset, length))
+        if offset == 0 and length >= batch.num_rows:
+            return dict(whole)
+        end = offset + length
+        return {name: value[offset:end] for name, value in whole.items()}
+
+
+def _sliceable(batch: pa.RecordBatch) -> Batch | None:
+    """``to_torch(batch)`` if each of its slices converts to the same slice of it, else ``None``."""
+    whole = {}
+    for plan, array in zip(_plans(batch.schema), batch.columns, strict=True):
+        value = plan.convert(array)
+        if isinstance(value, list) and plan.kind != "list":
+            return None
+        whole[plan.name] = value
+    return whole
+
+
 def column(field: pa.Field, array: pa.Array) -> torch.Tensor | list[Any]:
     """One column as ``to_torch`` converts it."""
     return _Plan.of(field).convert(array)

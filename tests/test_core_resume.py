@@ -92,7 +92,7 @@ def test_consumers_read_every_row_once(
             for worker in range(workers):
                 items = stripe(source.splits, Shard(rank, world_size, worker, workers))
                 for frame, _ in read_frames(source, items, start_of(items), batch_size, "keep_partial"):
-                    delivered += frame.column("id").to_pylist()
+                    delivered += frame.rows().column("id").to_pylist()
         assert sorted(delivered) == expected(sizes, seed, filtered)
         assert len(delivered) == len(set(delivered))
 
@@ -126,11 +126,11 @@ def test_resuming_from_any_frame_continues_exactly(
             for worker in range(workers):
                 items = stripe(source.splits, Shard(rank, world_size, worker, workers))
                 frames = list(read_frames(source, items, start_of(items), batch_size, "keep_partial"))
-                whole = [frame.column("id").to_pylist() for frame, _ in frames]
+                whole = [frame.rows().column("id").to_pylist() for frame, _ in frames]
                 cut = int(stop * len(frames))
                 cursor = frames[cut - 1][1] if cut else start_of(items)
                 rest = read_frames(source, items, cursor, batch_size, "keep_partial")
-                assert whole[:cut] + [frame.column("id").to_pylist() for frame, _ in rest] == whole
+                assert whole[:cut] + [frame.rows().column("id").to_pylist() for frame, _ in rest] == whole
 
 
 @examples

@@ -7,6 +7,7 @@ import pyarrow as pa
 import torch
 
 from spiral_lightning import to_torch
+from spiral_lightning.tensors import BatchSlices
 
 
 def test_numbers_and_fixed_size_lists_share_arrow_memory() -> None:
@@ -59,3 +60,73 @@ def test_booleans_are_copied_and_other_columns_stay_lists() -> None:
     assert out["ragged"] == [[1], [2, 3], []]
     assert out["nulls"] == [1.0, None, 3.0]
     assert out["struct"] == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def _shaped_column(shapes: list[tuple[int, ...]]) -> pa.StructArray:
+    """A shaped tensor column (``data`` in C order, ``shape``) of float32 arrays of ``shapes``."""
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.float32)))
+    shape = pa.array([list(s) for s in shapes], pa.list_(pa.int32(), len(shapes[0])))
+    return pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
+
+
+def _same(got: object, expected: object) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor)
+        assert got.dtype == expected.dtype and got.shape == expected.shape and torch.equal(got, expected)
+    elif isinstance(expected, list) and expected and isinstance(expected[0], torch.Tensor):
+        assert isinstance(got, list) and len(got) == len(expected)
+        for got_row, row in zip(got, expected, strict=True):
+            _same(got_row, row)
+    else:
+        assert got == expected
+
+
+def test_batch_slices_equal_converting_each_slice() -> None:
+    rows = 12
+    permuted = pa.fixed_shape_tensor(pa.int32(), [2, 3], permutation=[1, 0])
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(rows * 6, dtype=np.int32)), 6)
+    # Rows 4-5 hold a null and a 2x2 among 1x3 arrays: slices that miss them convert to tensors,
+    # so their batch must not be converted once and sliced.
+    nulls = [float(i) if i != 5 else None for i in range(rows)]
+    mixed = [(2, 2) if i == 4 else (1, 3) for i in range(rows)]
+    clean = {
+        "i": pa.array(np.arange(rows, dtype=np.int64)),
+        "flag": pa.array([i % 3 == 0 for i in range(rows)]),
+        "v": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(rows * 4, dtype=np.float32)), 4),
+        "t": pa.ExtensionArray.from_storage(permuted, storage),
+        "name": pa.array([f"r{i}" for i in range(rows)]),
+        "same": _shaped_column([(1, 3)] * rows),
+    }
+    shaped = pa.field("same", clean["same"].type, metadata={b"spiral_lightning.tensor": b"{}"})
+    clean_batch = pa.RecordBatch.from_arrays(
+        list(clean.values()),
+        schema=pa.schema([*(pa.field(k, v.type) for k, v in clean.items() if k != "same"), shaped]),
+    )
+    mixed_field = pa.field("same", clean["same"].type, metadata={b"spiral_lightning.tensor": b"{}"})
+    for batch in (
+        clean_batch,
+        pa.record_batch({"i": clean["i"], "x": pa.array(nulls, pa.float64())}),
+        pa.RecordBatch.from_arrays(
+            [clean["i"], _shaped_column(mixed)], schema=pa.schema([("i", pa.int64()), mixed_field])
+        ),
+        clean_batch.slice(3, 7),
+    ):
+        slices = BatchSlices()
+        for offset, length in [(0, 4), (4, 4), (8, batch.num_rows - 8), (6, 1), (0, batch.num_rows)]:
+            if offset + length > batch.num_rows or length <= 0:
+                continue
+            got = slices(batch, offset, length)
+            expected = to_torch(batch.slice(offset, length))
+            assert list(got) == list(expected)
+            for name, value in expected.items():
+                _same(got[name], value)
+    # The clean batch is converted once: its booleans, a copy, are one copy for every slice.
+    slices = BatchSlices()
+    first, second = slices(clean_batch, 0, 4), slices(clean_batch, 4, 4)
+    assert first["flag"].untyped_storage().data_ptr() == second["flag"].untyped_storage().data_ptr()
+    assert isinstance(first["same"], torch.Tensor) and first["same"].shape == (4, 1, 3)
+    with_null = pa.record_batch({"x": pa.array(nulls, pa.float64())})
+    assert isinstance(slices(with_null, 0, 4)["x"], torch.Tensor)
+    assert slices(with_null, 4, 4)["x"] == [4.0, None, 6.0, 7.0]

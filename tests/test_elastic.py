@@ -47,7 +47,7 @@ def consume(dataset: TableDataset, shard: Shard, frames: int | None) -> tuple[li
     ):
         if frames is not None and count == frames:
             break
-        rows += frame.column("id").to_pylist()
+        rows += frame.rows().column("id").to_pylist()
         cursor = after
     work = fingerprint(items)
     state = State(

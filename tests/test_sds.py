@@ -93,7 +93,7 @@ def consumer_ids(spec: TableSpec, shard: Shard, batch_size: int) -> list[str]:
     return [
         i
         for frame, _ in read_frames(source, items, start_of(items), batch_size, "keep_partial")
-        for i in frame["id"].to_pylist()
+        for i in frame.rows()["id"].to_pylist()
     ]
 
 

@@ -51,7 +51,7 @@ def consumer_ids(
         frames = cut(chunks, batch_size, "keep_partial", Cursor(len(items), 0))
     else:
         frames = read_frames(source, items, start_of(items), batch_size, "keep_partial")
-    return [frame.column("id").to_pylist() for frame, _ in frames]
+    return [frame.rows().column("id").to_pylist() for frame, _ in frames]
 
 
 @examples
