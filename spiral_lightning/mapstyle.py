@@ -6,11 +6,13 @@ import operator
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
@@ -19,6 +21,9 @@ from spiral_lightning.work import WorkItem
 
 #: One row as ``TableMapDataset`` returns it: each column's value by column name.
 Row = dict[str, Any]
+
+#: The most threads one ``__getitems__`` call reads on by default, outside DataLoader workers.
+DEFAULT_READ_THREADS = 4
 
 
 class TableMapDataset(Dataset[Any]):
@@ -38,6 +43,11 @@ class TableMapDataset(Dataset[Any]):
     rather than a collated batch keeps the contract of every sampler and collate function:
     ``DataLoader(batch_size=B)`` with the default collate stacks them into ``[B, ...]`` tensors.
 
+    ``read_threads`` is how many threads read one call's splits at once, each through its own
+    source, the splits cut into consecutive groups of about equal rows. By default it is 1 inside
+    a DataLoader worker, where the workers already read batches in parallel, and the CPU count
+    up to ``DEFAULT_READ_THREADS`` elsewhere.
+
     The spec is pinned to one version when the dataset is built, and the rows each split returns
     are counted once, reading only the filter's columns. Only the spec, the transform and those
     counts are pickled; the source opens in the process that reads, again after a fork or spawn,
@@ -45,15 +55,26 @@ class TableMapDataset(Dataset[Any]):
     ``"spawn"`` once the parent has read a table) and DDP ranks alike.
     """
 
-    def __init__(self, spec: TableSpec | str, *, transform: Callable[[Row], Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        transform: Callable[[Row], Any] | None = None,
+        read_threads: int | None = None,
+    ) -> None:
+        if read_threads is not None and read_threads < 1:
+            raise ValueError(f"read_threads must be at least 1 (or None for the default), got {read_threads}")
         self.spec = as_spec(spec).resolve()
         self.transform = transform
+        self.read_threads = read_threads
         self._ends: np.ndarray | None = None
         self._opened = threading.local()
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_opened"]
+        state["_pool"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -113,13 +134,31 @@ class TableMapDataset(Dataset[Any]):
             Take(source.splits[int(held_by[run[0]])].id, positions[run].tolist())
             for run in np.split(order, first_of_run[1:])
         ]
-        batch = source.take(takes).combine_chunks().to_batches()[0]
+        batch = self._take(takes).combine_chunks().to_batches()[0]
         # Row k of the batch answers request order[k]; reading it back through the inverse
         # permutation restores request order, and torch's gather copies tensors out of Arrow.
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
         columns = {name: _reordered(values, back) for name, values in to_torch(batch).items()}
         return [{name: values[k] for name, values in columns.items()} for k in range(wanted.size)]
+
+    def _take(self, takes: list[Take]) -> pa.Table:
+        """The rows of ``takes`` in order, their splits read on up to ``read_threads`` threads."""
+        threads = self.read_threads
+        if threads is None:
+            threads = 1 if get_worker_info() is not None else min(DEFAULT_READ_THREADS, os.cpu_count() or 1)
+        groups = _groups(takes, threads)
+        if len(groups) == 1:
+            return self.source().take(takes)
+        return pa.concat_tables(self._executor(threads).map(lambda group: self.source().take(group), groups))
+
+    def _executor(self, threads: int) -> ThreadPoolExecutor:
+        """This process's read threads; a forked child starts its own, as it has none of them."""
+        pool = self._pool
+        if pool is None or pool[0] != os.getpid():
+            pool = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="spiral-lightning-take"))
+            self._pool = pool
+        return pool[1]
 
     def _checked(self, indices: Sequence[int]) -> np.ndarray:
         """``indices`` as int64, or ``IndexError`` naming the length for any outside it."""
@@ -132,6 +171,19 @@ class TableMapDataset(Dataset[Any]):
                 f"(valid indices are 0..{length - 1}; negative indices are not accepted)"
             )
         return wanted
+
+
+def _groups(takes: list[Take], count: int) -> list[list[Take]]:
+    """``takes`` cut into at most ``count`` consecutive groups of about equal positions."""
+    total = sum(len(take.positions) for take in takes)
+    groups: list[list[Take]] = [[]]
+    held = 0
+    for take in takes:
+        if groups[-1] and len(groups) < count and held >= total * len(groups) / count:
+            groups.append([])
+        groups[-1].append(take)
+        held += len(take.positions)
+    return groups
 
 
 def _reordered(values: torch.Tensor | list[Any], order: np.ndarray) -> Sequence[Any]:

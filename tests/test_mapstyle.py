@@ -88,6 +88,21 @@ def test_getitems_returns_single_rows_in_request_order(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("condition", [None, KEEP_TEXT])
+def test_read_threads_return_the_rows_of_one_thread(make_table: MakeTable, backend: str, condition: str | None) -> None:
+    spec = make_table(SIZES, SEED, backend, filter=condition)
+    expected = KEPT if condition else ALL
+    indices = [*np.random.default_rng(3).integers(0, len(expected), 60).tolist(), 0, len(expected) - 1, 0]
+    rows = {threads: TableMapDataset(spec, read_threads=threads).__getitems__(indices) for threads in (1, 2, 3, 5)}
+    for threads, batch in rows.items():
+        assert [int(row["id"]) for row in batch] == [expected[index] for index in indices], threads
+        for row, alone in zip(batch, rows[1], strict=True):
+            assert all(torch.equal(row[name], alone[name]) for name in ("id", "x", "v")), threads
+    with pytest.raises(ValueError, match="read_threads must be at least 1"):
+        TableMapDataset(spec, read_threads=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_are_writable_and_their_own(make_table: MakeTable, backend: str) -> None:
     dataset = TableMapDataset(make_table(SIZES, SEED, backend))
     first, again, other = dataset.__getitems__([7, 7, 8])
@@ -141,7 +156,7 @@ def test_pickling_keeps_the_spec_and_reopens(make_table: MakeTable) -> None:
     dataset = TableMapDataset(make_table(SIZES, SEED, "spiral", filter=KEEP_TEXT))
     assert len(dataset) == 82
     copy = pickle.loads(pickle.dumps(dataset))
-    assert not hasattr(copy._opened, "source") and copy.spec == dataset.spec
+    assert not hasattr(copy._opened, "source") and copy._pool is None and copy.spec == dataset.spec
     assert [int(row["id"]) for row in copy.__getitems__([81, 0])] == [KEPT[81], KEPT[0]]
 
 
