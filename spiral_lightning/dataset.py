@@ -88,6 +88,7 @@ class TableDataset(IterableDataset[Any]):
         # memory (torch pickles tensors for worker processes by handle), so settings made here
         # after the workers started still reach them.
         self._settings = torch.tensor([0, -1], dtype=torch.int64)
+        self._share_settings = True
         self._resume: State | None = None
         self._cursor: Cursor | None = None
         self._work: str | None = None
@@ -103,14 +104,27 @@ class TableDataset(IterableDataset[Any]):
         self.set_rows_per_consumer(rows_per_consumer)
 
     def __getstate__(self) -> dict[str, Any]:
-        # In place, once: the copies pickled for workers then share the settings.
-        self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         state = self.__dict__.copy()
+        if self._share_settings:
+            # In place, once: the copies pickled for workers then share the settings.
+            self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        else:
+            state["_settings"] = self._settings.tolist()
         state["_source"] = None
         state["_source_pid"] = None
         # The process that pickles a dataset for its workers is the one they must not outlive.
         state["_owner_pid"] = os.getpid()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not isinstance(self._settings, torch.Tensor):
+            self._settings = torch.tensor(self._settings, dtype=torch.int64)
+
+    def _keep_settings_private(self) -> None:
+        """Pickle the epoch and quota by value from now on, for an owner that sets them in each
+        consumer (a ``Mixture`` moves each consumer's tables through their passes separately)."""
+        self._share_settings = False
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 import pyarrow as pa
+import torch
 from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import TableDataset
@@ -228,26 +229,42 @@ class Mixture(IterableDataset[Any]):
         self.seed = seed
         self.stop: Stop = stop
         self.table_key = table_key
-        self.epoch = 0
+        # The epoch, shared with the copies pickled for workers like TableDataset's settings, so
+        # set_epoch reaches persistent workers.
+        self._epoch = torch.zeros(1, dtype=torch.int64)
         self.tables = tuple(
             TableDataset(spec, batch_size=batch_size, policy=policy, rank=rank, world_size=world_size, collate=collate)
             for spec in specs
         )
+        for dataset in self.tables:
+            # Each consumer moves its own tables through their passes, so a worker's tables must
+            # not share their epochs with the other workers' (as a TableDataset pickled alone does).
+            dataset._keep_settings_private()
         self._progress = [Progress()] * len(self.tables)
         # Whether each table's TableDataset state describes its current pass: a table not yet
         # read this epoch still holds the cursor of an earlier one.
         self._live = [False] * len(self.tables)
         self._resume: MixtureState | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        self._epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        return self.__dict__.copy()
+
     def shard(self) -> Shard:
         """This process's consumer: this rank, and the DataLoader worker when in one."""
         return self.tables[0].shard()
 
+    @property
+    def epoch(self) -> int:
+        """The mixture epoch read (see ``set_epoch``)."""
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch`` from now on: its table epochs (``pass_epoch``) and its phases."""
+        """Read ``epoch`` from now on: its table epochs (``pass_epoch``) and its phases. It reaches
+        DataLoader workers that are already running (``persistent_workers=True``)."""
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
-        self.epoch = epoch
+        self._epoch[0] = epoch
 
     def __len__(self) -> int:
         raise TypeError(
@@ -293,7 +310,7 @@ class Mixture(IterableDataset[Any]):
                 )
             table.load_state_dict(table_state)
         self._resume = saved
-        self.epoch = saved.epoch
+        self._epoch[0] = saved.epoch
 
     def __iter__(self) -> Iterator[Any]:
         resume, self._resume = self._resume, None

@@ -230,3 +230,58 @@ def test_stateful_dataloader_resumes_the_mixture_exactly(make_table: Callable[..
     second = loader()
     second.load_state_dict(state)
     assert delivered(before) + delivered(second) == whole
+
+
+@pytest.mark.slow
+def test_each_worker_cycles_its_tables_on_its_own_and_resumes_exactly(make_table: Callable[..., TableSpec]) -> None:
+    # Worker 0 reads table 1's 8-row split and starts many passes of it while worker 1 is still in
+    # the first pass of its 400 rows: each worker's table epochs are its own, so every worker's
+    # state names its own pass, and a resume anywhere equals the uninterrupted epoch.
+    pairs = [
+        (make_table([400, 400], seed=4, backend="spiral"), 1.0),
+        (make_table([8, 400], seed=2, backend="parquet"), 1.0),
+    ]
+
+    def loader() -> StatefulDataLoader:
+        dataset = Mixture(pairs, batch_size=4, seed=7, columns=["id"], stop="cycle", table_key="table")
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
+
+    whole = delivered(loader())
+    assert len(rows_of(whole, 1)) > len(set(rows_of(whole, 1)))
+    for stop in (31, 150):
+        first = loader()
+        before = []
+        for batch in first:
+            before.append(batch)
+            if len(before) == stop:
+                break
+        state = first.state_dict()
+        del first
+        second = loader()
+        second.load_state_dict(state)
+        assert delivered(before) + delivered(second) == whole
+
+
+@pytest.mark.slow
+def test_set_epoch_reaches_persistent_workers(make_table: Callable[..., TableSpec]) -> None:
+    pairs = [(make_table([120, 80], seed=1, backend="spiral"), 2.0), (make_table([60, 90], seed=3), 1.0)]
+
+    def mixture(epoch: int) -> Mixture:
+        made = Mixture(pairs, batch_size=10, seed=5, columns=["id"], table_key="table")
+        made.set_epoch(epoch)
+        return made
+
+    def loader(dataset: Mixture, persistent: bool) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver", persistent_workers=persistent
+        )
+
+    kept = mixture(0)
+    persistent = loader(kept, persistent=True)
+    epochs = []
+    for epoch in range(3):
+        kept.set_epoch(epoch)
+        epochs.append(delivered(persistent))
+    for epoch in (1, 2):
+        assert epochs[epoch] == delivered(loader(mixture(epoch), persistent=False))
+    assert epochs[1] != epochs[0]
