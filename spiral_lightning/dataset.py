@@ -214,8 +214,7 @@ class TableDataset(IterableDataset[Any]):
         rank's one-worker work list, reading only the filter's columns. With a quota the count is
         the rank's rows read by one worker; ``batches`` counts for any worker count."""
         if self._rows is None:
-            source = self.source()
-            self._rows = self._capped(sum(source.count(self.work(Shard(self.rank, self.world_size)))))
+            self._rows = self._capped(self._count(self.work(Shard(self.rank, self.world_size))))
         return self._rows
 
     def batches(self, workers: int) -> int:
@@ -225,10 +224,9 @@ class TableDataset(IterableDataset[Any]):
         if self.batch_size is None:
             raise ValueError("a dataset without a batch_size yields read batches, which cannot be counted ahead")
         consumers = max(1, workers)
-        source = self.source()
         total = 0
         for worker in range(consumers):
-            rows = self._capped(sum(source.count(self.work(Shard(self.rank, self.world_size, worker, consumers)))))
+            rows = self._capped(self._count(self.work(Shard(self.rank, self.world_size, worker, consumers))))
             total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
         return total
 
@@ -239,23 +237,27 @@ class TableDataset(IterableDataset[Any]):
 
         The quota is the fewest rows any consumer's work list returns, rounded down to whole
         batches with ``last="require_full"``; give it to ``set_rows_per_consumer``. Every rank
-        counts every consumer's list the same way, so all agree without talking; counts are kept
-        by work-list fingerprint, so an epoch with the same lists counts nothing again.
+        counts every consumer's list the same way, so all agree without talking.
         """
         consumers = max(1, workers)
-        source = self.source()
-        rows: list[int] = []
-        for rank in range(self.world_size):
-            for worker in range(consumers):
-                items = self.work(Shard(rank, self.world_size, worker, consumers))
-                key = fingerprint(items)
-                if key not in self._counts:
-                    self._counts[key] = sum(source.count(items))
-                rows.append(self._counts[key])
+        rows = [
+            self._count(self.work(Shard(rank, self.world_size, worker, consumers)))
+            for rank in range(self.world_size)
+            for worker in range(consumers)
+        ]
         quota = min(rows)
         if self.last == "require_full" and self.batch_size is not None:
             quota -= quota % self.batch_size
         return quota, sum(rows) - quota * len(rows)
+
+    def _count(self, items: list[WorkItem]) -> int:
+        """The rows ``items`` return after the filter, counted once per work list: the version
+        never changes, so an epoch with the same lists (every epoch of ``stripe``) counts nothing
+        again."""
+        key = fingerprint(items)
+        if key not in self._counts:
+            self._counts[key] = sum(self.source().count(items))
+        return self._counts[key]
 
     def _capped(self, rows: int) -> int:
         return rows if self.rows_per_consumer is None else min(rows, self.rows_per_consumer)

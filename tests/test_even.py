@@ -4,14 +4,16 @@ TableDataset, and the quota's place in the saved state."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning import Shard, Split, State, TableDataset, TableSpec, balanced
+from spiral_lightning import Shard, Split, State, TableDataset, TableSpec, WorkItem, balanced, stripe
+from spiral_lightning.sources import Source
 from tests.tables import KEEP, kept_ids
 
 plans = st.lists(st.integers(0, 60), max_size=12).map(
@@ -131,3 +133,42 @@ def test_even_rows_is_the_fewest_rows_of_any_consumer(make_table: Callable[..., 
     assert dataset.even_rows(workers) == (min(rows), sum(rows) - min(rows) * len(rows))
     full = TableDataset(spec, batch_size=64, last="require_full", rank=0, world_size=2)
     assert full.even_rows(workers) == (min(rows) // 64 * 64, sum(rows) - min(rows) // 64 * 64 * len(rows))
+
+
+def stripe_reversed_on_odd_epochs(plan: list[Split], shard: Shard, epoch: int) -> list[WorkItem]:
+    """``stripe`` over the plan, the plan reversed in odd epochs, so shares change with the epoch."""
+    return stripe(plan[::-1] if epoch % 2 else plan, shard, epoch)
+
+
+class CountingSource:
+    """A real source that also counts the ``count`` calls made through it."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.counts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+    def count(self, items: Sequence[WorkItem]) -> list[int]:
+        self.counts += 1
+        return self.source.count(items)
+
+
+def test_counts_follow_the_epochs_work_lists_and_are_made_once_per_list(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([300, 500, 200, 700, 300], filter=KEEP)
+    policy = stripe_reversed_on_odd_epochs
+    dataset = TableDataset(spec, batch_size=64, rank=0, world_size=2, policy=policy)
+    counting = CountingSource(dataset.source())
+    dataset._source = counting  # type: ignore[assignment]
+    counted = []
+    for epoch in [0, 1, 0, 1, 2]:
+        dataset.set_epoch(epoch)
+        fresh = TableDataset(spec, batch_size=64, rank=0, world_size=2, policy=policy)
+        fresh.set_epoch(epoch)
+        counts = (len(dataset), dataset.batches(2), dataset.even_rows(2))
+        assert counts == (len(fresh), fresh.batches(2), fresh.even_rows(2))
+        counted.append(counting.counts)
+    # The odd epochs read other lists (rank 0's share changes), which are counted once; epochs
+    # 0 and 2 read the same lists, so after epochs 0 and 1 nothing is counted again.
+    assert counted[0] < counted[1] == counted[2] == counted[3] == counted[4]
