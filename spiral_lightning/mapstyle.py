@@ -69,7 +69,7 @@ class TableMapDataset(Dataset[Any]):
         self.read_threads = read_threads
         self._ends: np.ndarray | None = None
         self._opened = threading.local()
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._pool: tuple[int, int, ThreadPoolExecutor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -153,12 +153,15 @@ class TableMapDataset(Dataset[Any]):
         return pa.concat_tables(self._executor(threads).map(lambda group: self.source().take(group), groups))
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
-        """This process's read threads; a forked child starts its own, as it has none of them."""
+        """This process's ``threads`` read threads; a forked child starts its own, as it has none
+        of them, and a changed ``read_threads`` replaces them."""
         pool = self._pool
-        if pool is None or pool[0] != os.getpid():
-            pool = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="spiral-lightning-take"))
+        if pool is None or pool[0] != os.getpid() or pool[1] != threads:
+            if pool is not None and pool[0] == os.getpid():
+                pool[2].shutdown(wait=False)
+            pool = (os.getpid(), threads, ThreadPoolExecutor(threads, thread_name_prefix="spiral-lightning-take"))
             self._pool = pool
-        return pool[1]
+        return pool[2]
 
     def _checked(self, indices: Sequence[int]) -> np.ndarray:
         """``indices`` as int64, or ``IndexError`` naming the length for any outside it."""

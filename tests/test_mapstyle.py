@@ -98,6 +98,11 @@ def test_read_threads_return_the_rows_of_one_thread(make_table: MakeTable, backe
         assert [int(row["id"]) for row in batch] == [expected[index] for index in indices], threads
         for row, alone in zip(batch, rows[1], strict=True):
             assert all(torch.equal(row[name], alone[name]) for name in ("id", "x", "v")), threads
+    # One dataset whose thread count changes between calls reads through new threads.
+    changed = TableMapDataset(spec, read_threads=2)
+    for threads in (2, 3, 1):
+        changed.read_threads = threads
+        assert [int(row["id"]) for row in changed.__getitems__(indices)] == [expected[index] for index in indices]
     with pytest.raises(ValueError, match="read_threads must be at least 1"):
         TableMapDataset(spec, read_threads=0)
 
