@@ -11,7 +11,9 @@ A *rate* is the rows of one full pass over the table divided by its wall time. I
 path takes the best of ``--repeats`` passes, the paths taking turns (each round starting at
 another one) so that load from other processes falls on all of them alike. Through a DataLoader
 the first pass starts the workers and is not timed; the rate is the best of up to two passes
-after it, so worker start-up is excluded.
+after it, so worker start-up is excluded. The last row's workers send their batches by
+shared-memory name (``send_by_name``, what ``SpiralDataModule`` does for persistent workers)
+instead of passing a file descriptor per batch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 from spiral.torch import ScanDataset
 from torch.utils.data import DataLoader
 
-from spiral_lightning import TableDataset, TableSpec, to_torch, write_table
+from spiral_lightning import TableDataset, TableSpec, send_by_name, to_torch, write_table
 from spiral_lightning.sources.spiral import IDS_FILE
 
 SPLITS = 20
@@ -124,15 +126,17 @@ def in_process(spec: TableSpec) -> dict[str, Pass]:
     }
 
 
-def through_loader(dataset: Any, rows: int, passes: int) -> float:
-    """Seconds of the fastest of ``passes`` passes through a DataLoader with persistent workers,
-    after one untimed pass that starts them. The workers stop when the loader is dropped."""
+def through_loader(dataset: Any, rows: int, passes: int, init: Callable[[int], None] | None = None) -> float:
+    """Seconds of the fastest of ``passes`` passes through a DataLoader with persistent workers
+    (each started with ``init``), after one untimed pass that starts them. The workers stop when
+    the loader is dropped."""
     loader = DataLoader(
         dataset,
         batch_size=None,
         num_workers=WORKERS,
         multiprocessing_context="forkserver",
         persistent_workers=True,
+        worker_init_fn=init,
     )
     timed(lambda: loader, rows)
     return min(timed(lambda: loader, rows) for _ in range(passes))
@@ -151,6 +155,9 @@ def measure(spec: TableSpec, rows: int, repeats: int) -> dict[str, float]:
     workers = f"through DataLoader({WORKERS} workers), 2nd+ pass"
     seconds[f"`ScanDataset` {workers}"] = through_loader(ScanDataset(request, batch_size=BATCH_SIZE), rows, passes)
     seconds[f"`TableDataset` {workers}"] = through_loader(TableDataset(spec, batch_size=BATCH_SIZE), rows, passes)
+    seconds[f"`TableDataset` {workers}, `worker_init_fn=send_by_name`"] = through_loader(
+        TableDataset(spec, batch_size=BATCH_SIZE), rows, passes, send_by_name
+    )
     return {name: rows / value for name, value in seconds.items()}
 
 

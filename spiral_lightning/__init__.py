@@ -9,6 +9,7 @@ from spiral_lightning.mixture import Mixture
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
+from spiral_lightning.transfer import send_by_name
 from spiral_lightning.windows import WindowDataset, Windows
 from spiral_lightning.work import Policy, Shard, Shuffled, Split, WorkItem, balanced, stripe
 from spiral_lightning.write import write_table
@@ -33,6 +34,7 @@ __all__ = [
     "Windows",
     "WorkItem",
     "balanced",
+    "send_by_name",
     "stripe",
     "to_torch",
     "write_table",

@@ -19,6 +19,7 @@ from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.transfer import send_by_name
 from spiral_lightning.work import Policy, Shuffled, balanced, stripe
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
@@ -175,6 +176,8 @@ class SpiralDataModule(pl.LightningDataModule):
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
             "multiprocessing_context": self.multiprocessing_context,
+            # Persistent workers start their shared-memory managers once (see send_by_name).
+            "worker_init_fn": send_by_name if self.persistent_workers else None,
         }
 
     def train_dataloader(self) -> SpiralLoader:

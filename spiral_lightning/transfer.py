@@ -2,7 +2,8 @@
 
 A worker sends each tensor storage of a batch through its own shared-memory block and file
 descriptor; for batches of several small tensors that costs far more than the bytes themselves
-(about 2 ms per batch of three 1024-row tensors here). Views of one block travel as one.
+(about 2 ms per batch of three 1024-row tensors here). Views of one block travel as one, and
+``send_by_name`` makes a worker name its blocks rather than pass their descriptors.
 """
 
 from __future__ import annotations
@@ -10,10 +11,31 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
 #: Where each tensor starts in the block: a multiple of every dtype's size and of a cache line.
 _ALIGN = 64
+#: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
+_BY_NAME = "file_system"
+
+
+def send_by_name(worker_id: int | None = None) -> None:
+    """Make this process send its tensors by shared-memory name (torch's ``file_system``
+    strategy) from now on; pass it as a DataLoader's ``worker_init_fn`` (``worker_id`` is not
+    used) to make its workers do so.
+
+    Under the default ``file_descriptor`` strategy every storage a worker sends makes the
+    receiving process open a connection to the worker's resource-sharer thread to fetch its
+    descriptor: about 0.8 ms per batch here, half of what the main process spends on a batch.
+    By name it maps the block directly. The cost: each process that sends by name starts a
+    ``torch_shm_manager`` (which frees the blocks of a process that dies before freeing them),
+    and it lives as long as the receiving process, so use it with persistent workers, whose
+    managers are started once, not once per epoch.
+    """
+    # torch leaves both unannotated.
+    if torch.multiprocessing.get_sharing_strategy() != _BY_NAME:  # type: ignore[no-untyped-call]
+        torch.multiprocessing.set_sharing_strategy(_BY_NAME)  # type: ignore[no-untyped-call]
 
 
 def handed_on(batch: Any) -> Any:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import pyarrow as pa
 import pytest
 import torch
+import torch.multiprocessing
 from torch.utils.data import DataLoader
 
-from spiral_lightning import TableDataset, TableSpec
+from spiral_lightning import TableDataset, TableMapDataset, TableSpec, send_by_name, to_torch
 from spiral_lightning.transfer import handed_on, one_block
 from tests.tables import BACKENDS
 
@@ -78,3 +81,43 @@ def test_worker_batches_arrive_in_one_block_with_the_rows(make_table: Callable[.
         assert torch.equal(batch["v"][:, 0], batch["id"].to(torch.float32) * 4)
         seen += batch["id"].tolist()
     assert sorted(seen) == expected == list(range(400))
+
+
+def with_strategy(batch: pa.RecordBatch) -> dict[str, Any]:
+    """``to_torch`` of the batch, with the sharing strategy of the process that collated it."""
+    return {**to_torch(batch), "strategy": torch.multiprocessing.get_sharing_strategy()}
+
+
+def row_with_strategy(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "strategy": torch.multiprocessing.get_sharing_strategy()}
+
+
+@pytest.mark.slow
+def test_send_by_name_makes_workers_name_their_blocks_and_nothing_else_changes(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    # By name the main process maps each block itself instead of fetching a descriptor over a
+    # connection to the worker per batch. Only workers given send_by_name change strategy.
+    spec = make_table([120, 80, 200], seed=3)
+    before = torch.multiprocessing.get_sharing_strategy()
+    dataset = TableDataset(spec, batch_size=32, collate=with_strategy)
+    for init, strategy in [(send_by_name, "file_system"), (None, before)]:
+        loader = DataLoader(
+            dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver", worker_init_fn=init
+        )
+        batches = list(loader)
+        assert {batch["strategy"] for batch in batches} == {strategy}
+        assert sorted(int(row) for batch in batches for row in batch["id"]) == list(range(400))
+    rows = TableMapDataset(spec, transform=row_with_strategy)
+    mapped = DataLoader(
+        rows,
+        batch_size=50,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="forkserver",
+        worker_init_fn=send_by_name,
+    )
+    batches = list(mapped)
+    assert {strategy for batch in batches for strategy in batch["strategy"]} == {"file_system"}
+    assert sorted(int(row) for batch in batches for row in batch["id"]) == list(range(400))
+    assert torch.multiprocessing.get_sharing_strategy() == before
