@@ -62,6 +62,9 @@ class SpiralDataModule(pl.LightningDataModule):
 
     The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
     saved) with the world size and worker count; on resume each rank restores its own.
+
+    With ``persistent_workers`` the workers send their batches by shared-memory name
+    (``send_by_name``); workers restarted every epoch keep torch's default.
     """
 
     def __init__(
