@@ -96,7 +96,6 @@ class TableDataset(IterableDataset[Any]):
         self.skipped = 0
         self._remainder: tuple[WorkItem, ...] | None = None
         self._remainder_epoch = 0
-        self._rows: int | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
         self._owner_pid: int | None = None
@@ -132,7 +131,6 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         if epoch != self.epoch:
             # A position belongs to its epoch: the new one starts with nothing delivered.
-            self._rows = None
             self._remainder = None
             self._cursor = None
             self._work = None
@@ -161,8 +159,6 @@ class TableDataset(IterableDataset[Any]):
                     f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
                     "so last='require_full' would fail on every consumer; round the quota down to a multiple"
                 )
-        if rows != self.rows_per_consumer:
-            self._rows = None
         self._settings[1] = -1 if rows is None else rows
 
     def source(self) -> Source:
@@ -207,15 +203,12 @@ class TableDataset(IterableDataset[Any]):
         self._remainder = rows
         self._remainder_epoch = saved[0].epoch
         self._resume = None
-        self._rows = None
 
     def __len__(self) -> int:
-        """The exact rows this rank reads over all its workers, counted once per epoch from the
-        rank's one-worker work list, reading only the filter's columns. With a quota the count is
-        the rank's rows read by one worker; ``batches`` counts for any worker count."""
-        if self._rows is None:
-            self._rows = self._capped(self._count(self.work(Shard(self.rank, self.world_size))))
-        return self._rows
+        """The exact rows this rank reads over all its workers, counted from the rank's one-worker
+        work list (once per list, see ``_count``), reading only the filter's columns. With a quota
+        the count is the rank's rows read by one worker; ``batches`` counts for any worker count."""
+        return self._capped(self._count(self.work(Shard(self.rank, self.world_size))))
 
     def batches(self, workers: int) -> int:
         """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
@@ -292,7 +285,6 @@ class TableDataset(IterableDataset[Any]):
         self._settings[0] = saved.epoch
         self._remainder = saved.remainder
         self._remainder_epoch = saved.epoch
-        self._rows = None
 
     def __iter__(self) -> Iterator[Any]:
         if self._owner_pid is not None and get_worker_info() is not None:

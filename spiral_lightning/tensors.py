@@ -69,13 +69,11 @@ class BatchSlices:
 
 
 def _sliceable(batch: pa.RecordBatch) -> Batch | None:
-    """``to_torch(batch)`` if each of its slices converts to the same slice of it, else ``None``."""
-    whole = {}
-    for plan, array in zip(_plans(batch.schema), batch.columns, strict=True):
-        value = plan.convert(array)
-        if isinstance(value, list) and plan.kind != "list":
-            return None
-        whole[plan.name] = value
+    """``to_torch(batch)`` if each of its slices converts to the same slice of it, else ``None``:
+    a column that became a list although its kind makes tensors depends on its rows."""
+    whole = to_torch(batch)
+    if any(isinstance(whole[plan.name], list) and plan.kind != "list" for plan in _plans(batch.schema)):
+        return None
     return whole
 
 
