@@ -22,6 +22,7 @@ from spiral_lightning import Shard, Split, TableDataset, TableSpec, stripe, to_t
 from spiral_lightning.frames import read_frames, start_of
 from spiral_lightning.sources import open_source
 from tests.lightning_job import reversed_on_odd_epochs
+from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 split_sizes = st.lists(st.integers(0, 9000), min_size=1, max_size=5)
@@ -193,18 +194,8 @@ def test_stateful_dataloader_resumes_exactly(
 
     whole = ids(list(loader()))
     assert stop < len(whole), "the stop must fall inside the epoch"
-    first = loader()
-    before = []
-    for batch in first:
-        before.append(batch)
-        if len(before) == stop:
-            break
-    state = first.state_dict()
-    del first
-    second = loader()
-    second.load_state_dict(state)
-    rest = ids(list(second))
-    assert ids(before) + rest == whole
+    before, after = stopped_and_resumed(loader, stop)
+    assert ids(before) + ids(after) == whole
     assert sorted(row for batch in whole for row in batch) == kept_ids(sizes, seed=11)
 
 

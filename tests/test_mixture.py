@@ -23,6 +23,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Mixture, TableDataset, TableSpec
 from spiral_lightning.mixture import STOP_MODES, Stop, pass_epoch
+from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, write_layout
 
 examples = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,17 +220,8 @@ def test_stateful_dataloader_resumes_the_mixture_exactly(make_table: Callable[..
 
     whole = delivered(loader())
     assert {table for table, _ in whole} == {0, 1}
-    first = loader()
-    before = []
-    for batch in first:
-        before.append(batch)
-        if len(before) == 9:
-            break
-    state = first.state_dict()
-    del first
-    second = loader()
-    second.load_state_dict(state)
-    assert delivered(before) + delivered(second) == whole
+    before, after = stopped_and_resumed(loader, 9)
+    assert delivered(before) + delivered(after) == whole
 
 
 @pytest.mark.slow
@@ -249,17 +241,8 @@ def test_each_worker_cycles_its_tables_on_its_own_and_resumes_exactly(make_table
     whole = delivered(loader())
     assert len(rows_of(whole, 1)) > len(set(rows_of(whole, 1)))
     for stop in (31, 150):
-        first = loader()
-        before = []
-        for batch in first:
-            before.append(batch)
-            if len(before) == stop:
-                break
-        state = first.state_dict()
-        del first
-        second = loader()
-        second.load_state_dict(state)
-        assert delivered(before) + delivered(second) == whole
+        before, after = stopped_and_resumed(loader, stop)
+        assert delivered(before) + delivered(after) == whole
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from spiral_lightning import Shard, TableSpec, WindowDataset, Windows, stripe
 from spiral_lightning.frames import start_of
 from spiral_lightning.sources import open_source
 from spiral_lightning.windows import WindowPosition, read_windows
+from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, THRESHOLD, write_uneven, write_uneven_parquet
 
 split_sizes = st.lists(st.integers(0, 400), min_size=1, max_size=4)
@@ -205,17 +206,8 @@ def test_stateful_dataloader_with_two_workers_resumes_windows_exactly(tmp_path: 
         return StatefulDataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
 
     whole = [batch["id"].tolist() for batch in loader()]
-    first = loader()
-    before = []
-    for batch in first:
-        before.append(batch["id"].tolist())
-        if len(before) == 7:
-            break
-    state = first.state_dict()
-    del first
-    second = loader()
-    second.load_state_dict(state)
-    assert before + [batch["id"].tolist() for batch in second] == whole
+    before, after = stopped_and_resumed(loader, 7)
+    assert [batch["id"].tolist() for batch in before + after] == whole
     assert sorted(tuple(window) for batch in whole for window in batch) == sorted(
         reference(episode_table(sizes, seed=5), sizes, Windows(6, 4, "episode"), filtered=False)
     )
