@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SIZES = [300, 40, 500, 160]
 #: Seconds a job may take before the test calls it hung; a healthy one takes well under a minute.
 JOB_TIMEOUT = 240
+#: Seconds what is left of a finished job's group may take to end by itself before it is killed.
+GROUP_GRACE = 20
 
 
 def run_job(out: Path, phase: str, uri: str, *options: str) -> subprocess.CompletedProcess[str]:
@@ -44,6 +47,10 @@ def run_job(out: Path, phase: str, uri: str, *options: str) -> subprocess.Comple
     keep it alive, so when the training process is SIGKILLed neither notices, and they would hold
     the job's output open (and the machine's memory) forever. The output goes to files for that
     reason: a pipe would stay open in them.
+
+    What is left is given time to end by itself first: the job's multiprocessing resource tracker
+    is in the group, and only when it ends on its own does it unlink the named semaphores of a
+    killed process (``/dev/shm/sem.mp-*``), which a SIGKILL would leave behind for good.
     """
     command = [sys.executable, "-m", "tests.fault_job", "--uri", uri, "--out", str(out), "--phase", phase, *options]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -57,8 +64,20 @@ def run_job(out: Path, phase: str, uri: str, *options: str) -> subprocess.Comple
             job.wait()
             pytest.fail(f"the {phase} job did not end within {JOB_TIMEOUT} s: a hang")
         finally:
-            _kill_group(job.pid)
+            _end_group(job.pid)
     return subprocess.CompletedProcess(command, job.returncode, stdout_path.read_text(), stderr_path.read_text())
+
+
+def _end_group(group: int) -> None:
+    """Waits up to ``GROUP_GRACE`` seconds for every process of ``group`` to end, then kills the rest."""
+    deadline = time.monotonic() + GROUP_GRACE
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    _kill_group(group)
 
 
 def _kill_group(group: int) -> None:
