@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from torch.utils.data import DataLoader
 
-from spiral_lightning import TableDataset, TableSpec, WorkItem, write_table
+from spiral_lightning import TableDataset, TableMapDataset, TableSpec, WorkItem, write_table
 from spiral_lightning.sources import Take, open_source
 
 
@@ -95,6 +95,33 @@ def test_a_file_changed_between_epochs_fails_loudly_in_process(tmp_path: Path) -
     rewrite(tmp_path / "p" / "part-00000.parquet", numbers(0, 4000))
     with pytest.raises(ValueError, match=r"changed '.*part-00000\.parquet'.*rows of another version are never mixed"):
         next(iter(dataset))
+
+
+def test_a_file_rewritten_in_place_mid_pass_fails_before_any_row_of_it_is_delivered(tmp_path: Path) -> None:
+    # Uncompressed plain pages put the new file's values at the old offsets, so an open file
+    # would read them as rows of the planned version without the check after each read.
+    layout = {"row_group_size": 1000, "compression": "none", "use_dictionary": False, "write_statistics": False}
+    path = tmp_path / "a.parquet"
+    pq.write_table(numbers(0, 4000), path, **layout)
+    spec = TableSpec(f"parquet:{path}").resolve()
+    batches = iter(TableDataset(spec, batch_size=500))
+    delivered = [int(i) for _ in range(2) for i in next(batches)["id"]]
+    pq.write_table(numbers(100_000, 4000), path, **layout)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(ValueError, match=rf"changed {str(path)!r} while it was read.*never mixed in") as error:
+        delivered += [int(i) for batch in batches for i in batch["id"]]
+    assert "resolve the spec again" in str(error.value)
+    assert delivered == list(range(1000))
+
+
+def test_a_take_from_a_file_rewritten_in_place_fails(tmp_path: Path) -> None:
+    spec = write_table(f"parquet:{tmp_path / 'p'}", numbers(0, 4000), split_rows=1000)
+    dataset = TableMapDataset(spec, read_threads=1)
+    assert int(dataset[1500]["id"]) == 1500
+    rewrite(tmp_path / "p" / "part-00000.parquet", numbers(100_000, 4000))
+    with pytest.raises(ValueError, match=r"changed '.*part-00000\.parquet' while it was read"):
+        dataset.__getitems__([2500, 10])
 
 
 @pytest.mark.slow

@@ -11,8 +11,10 @@ import fnmatch
 import glob
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +29,7 @@ from spiral_lightning.spec import FileVersion, TableSpec
 from spiral_lightning.work import Split, WorkItem
 
 _PREFIX = "parquet:"
+T = TypeVar("T")
 #: Rows per read batch: large enough to amortize decoding, small enough to start quickly.
 _READ_ROWS = 65_536
 
@@ -106,17 +109,22 @@ def _check_unchanged(spec: TableSpec, planned: tuple[FileVersion, ...]) -> None:
     then = {file.path: file for file in planned}
     changes = [f"added {path!r}" for path in sorted(now.keys() - then.keys())]
     changes += [f"removed {path!r}" for path in sorted(then.keys() - now.keys())]
-    changes += [
-        f"changed {path!r}"
-        for path in sorted(now.keys() & then.keys())
-        if (now[path].size, now[path].mtime_ns) != (then[path].size, then[path].mtime_ns)
-    ]
+    changes += [f"changed {path!r}" for path in sorted(now.keys() & then.keys()) if not _same(now[path], then[path])]
     if changes:
-        raise ValueError(
-            f"the Parquet files of {spec.uri!r} changed since version {version(spec)} was planned ("
-            + ", ".join(changes)
-            + "); rows of another version are never mixed in: resolve the spec again and restart the epoch"
-        )
+        raise _changed(spec, changes)
+
+
+def _same(now: pafs.FileInfo, planned: FileVersion) -> bool:
+    """Whether a file is still the one planned: there, with the planned size and modification time."""
+    return now.type == pafs.FileType.File and (now.size, now.mtime_ns) == (planned.size, planned.mtime_ns)
+
+
+def _changed(spec: TableSpec, changes: list[str]) -> ValueError:
+    return ValueError(
+        f"the Parquet files of {spec.uri!r} changed since version {version(spec)} was planned ("
+        + ", ".join(changes)
+        + "); rows of another version are never mixed in: resolve the spec again and restart the epoch"
+    )
 
 
 class ParquetSource:
@@ -129,8 +137,8 @@ class ParquetSource:
         self._spec = spec
         self._uri = spec.uri
         self._version = version(spec)
-        filesystem, _ = _location(spec.uri)
-        self._files = [_open(filesystem, file.path) for file in spec.files]
+        self._filesystem, _ = _location(spec.uri)
+        self._files = [_open(self._filesystem, file.path) for file in spec.files]
         for planned, opened in zip(spec.files, self._files, strict=True):
             layout = tuple(opened.metadata.row_group(i).num_rows for i in range(opened.metadata.num_row_groups))
             if layout != planned.row_groups:
@@ -181,12 +189,30 @@ class ParquetSource:
     def splits(self) -> Sequence[Split]:
         return self._splits
 
+    def _checked(self, file: int, read: Callable[[], T]) -> T:
+        """What ``read`` reads from file ``file``, kept only when the file is still the planned
+        one after the read: an open file reads whatever lies at its path now, even a file
+        rewritten in place. A read that fails on a changed file raises the change."""
+        try:
+            value = read()
+        except (OSError, pa.ArrowException):
+            self._check_file(file)
+            raise
+        self._check_file(file)
+        return value
+
+    def _check_file(self, file: int) -> None:
+        planned = (self._spec.files or ())[file]
+        if not _same(self._filesystem.get_file_info(planned.path), planned):
+            raise _changed(self._spec, [f"changed {planned.path!r} while it was read"])
+
     def _batches(self, item: WorkItem, columns: list[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Stored rows ``start..end`` of ``item`` read as ``columns``, each batch with the stored
         row after it. Rows before ``start`` in the row group are decoded but never returned."""
         file, group = self._groups[item.split]
         row = 0
-        for batch in self._files[file].iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns):
+        batches = self._files[file].iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns)
+        while (batch := self._checked(file, lambda: next(batches, None))) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
                 continue
@@ -196,8 +222,8 @@ class ParquetSource:
                 return
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
-        # An open file keeps reading whatever now lies at its path, so every pass (each epoch of
-        # a dataset that stays open in one process) checks the files again before its first row.
+        # Each read checks its own file; files added or removed since the plan show only in a
+        # listing, taken again at every pass (each epoch of a dataset that stays open).
         _check_unchanged(self._spec, self._spec.files or ())
         for index, item in enumerate(items):
             for batch, next_row in self._batches(item, self._read_columns):
@@ -217,7 +243,7 @@ class ParquetSource:
         """The stored rows of ``split`` the filter keeps, read once per source."""
         if split not in self._kept_rows:
             file, group = self._groups[split]
-            keys = self._files[file].read_row_group(group, columns=self._filter_columns)
+            keys = self._checked(file, partial(self._files[file].read_row_group, group, columns=self._filter_columns))
             numbered = keys.append_column("__stored_row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
             self._kept_rows[split] = numbered.filter(self._filter).column("__stored_row").to_numpy()
         return self._kept_rows[split]
@@ -231,7 +257,9 @@ class ParquetSource:
                 rows = self._kept(split)[rows]
             if split not in groups:
                 file, group = self._groups[split]
-                groups[split] = self._files[file].read_row_group(group, columns=self._columns)
+                groups[split] = self._checked(
+                    file, partial(self._files[file].read_row_group, group, columns=self._columns)
+                )
             parts.append(groups[split].take(pa.array(rows)))
         return pa.concat_tables(parts) if parts else self.schema.empty_table()
 
