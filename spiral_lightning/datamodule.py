@@ -14,7 +14,7 @@ import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from spiral_lightning.dataset import TableDataset
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead
 from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.mapstyle import TableMapDataset
@@ -63,6 +63,8 @@ class SpiralDataModule(pl.LightningDataModule):
     The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
     saved) with the world size and worker count; on resume each rank restores its own.
 
+    Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
+
     With ``persistent_workers`` the workers send their batches by shared-memory name
     (``send_by_name``); workers restarted every epoch keep torch's default.
     """
@@ -86,6 +88,7 @@ class SpiralDataModule(pl.LightningDataModule):
         multiprocessing_context: Literal["forkserver", "spawn"] | None = None,
         even_batches: bool = True,
         access: Literal["iterable", "map"] = "iterable",
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -94,6 +97,7 @@ class SpiralDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        check_read_ahead(read_ahead)
         if multiprocessing_context not in (None, "forkserver", "spawn"):
             raise ValueError(
                 f"multiprocessing_context {multiprocessing_context!r} is not supported: table readers cannot "
@@ -122,6 +126,7 @@ class SpiralDataModule(pl.LightningDataModule):
             # instead of importing torch again; the server only imports, it never opens a table.
             multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning"])
         self.even_batches = even_batches
+        self.read_ahead = read_ahead
         if access not in ("iterable", "map"):
             raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
         self.access = access
@@ -149,6 +154,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 policy=self.policy,
                 rank=rank,
                 world_size=world_size,
+                read_ahead=self.read_ahead,
             )
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")

@@ -5,23 +5,34 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 
+from spiral_lightning.ahead import ReadAhead
 from spiral_lightning.elastic import remainder, share
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.media import Where, project
 from spiral_lightning.shuffle import shuffled_chunks
-from spiral_lightning.sources import Source, open_source
+from spiral_lightning.sources import Reader, Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.tensors import BatchSlices, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.watchdog import watch
 from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
+
+#: Read batches a ``TableDataset`` reads ahead of its consumer by default (see ``read_ahead``).
+DEFAULT_READ_AHEAD = 2
+
+
+def check_read_ahead(read_ahead: int) -> None:
+    """``ValueError`` unless ``read_ahead`` is a read-ahead depth: a non-negative int."""
+    if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
+        raise ValueError(f"read_ahead must be a non-negative int (0 reads in line), not {read_ahead!r}")
 
 
 class TableDataset(IterableDataset[Any]):
@@ -41,6 +52,10 @@ class TableDataset(IterableDataset[Any]):
     ``set_epoch`` and ``set_rows_per_consumer`` reach DataLoader workers that are already running
     (``persistent_workers=True``): both settings live in a small shared-memory tensor that the
     workers' copies share, and a worker reads them each time an epoch's iteration starts.
+
+    ``read_ahead`` read batches are read ahead of the consumer on a thread of the iterating
+    process, so the source decodes while the consumer frames, converts and trains (0 reads in
+    line); it changes no row, order or state.
 
     Rank and world size come from the arguments, else from ``torch.distributed`` when it is
     initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
@@ -63,6 +78,7 @@ class TableDataset(IterableDataset[Any]):
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         rows_per_consumer: int | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -70,6 +86,7 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        check_read_ahead(read_ahead)
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together, or neither")
         if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -84,6 +101,7 @@ class TableDataset(IterableDataset[Any]):
         self.last: Last = last
         self.policy = policy
         self.collate = collate
+        self.read_ahead = read_ahead
         # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
         # memory (torch pickles tensors for worker processes by handle), so settings made here
         # after the workers started still reach them.
@@ -98,6 +116,7 @@ class TableDataset(IterableDataset[Any]):
         self._remainder_epoch = 0
         self._source: Source | None = None
         self._source_pid: int | None = None
+        self._ahead: tuple[int, ReadAhead] | None = None
         self._owner_pid: int | None = None
         self._counts: dict[str, int] = {}
         self.set_rows_per_consumer(rows_per_consumer)
@@ -111,6 +130,7 @@ class TableDataset(IterableDataset[Any]):
             state["_settings"] = self._settings.tolist()
         state["_source"] = None
         state["_source_pid"] = None
+        state["_ahead"] = None
         # The process that pickles a dataset for its workers is the one they must not outlive.
         state["_owner_pid"] = os.getpid()
         return state
@@ -168,6 +188,16 @@ class TableDataset(IterableDataset[Any]):
             self._source = open_source(self.spec)
             self._source_pid = pid
         return self._source
+
+    def reader(self) -> Reader:
+        """What this process reads rows through: with ``read_ahead``, a thread that reads that
+        many read batches ahead through a source of its own; else the source itself."""
+        if not self.read_ahead:
+            return self.source()
+        pid = os.getpid()
+        if self._ahead is None or self._ahead[0] != pid or self._ahead[1].depth != self.read_ahead:
+            self._ahead = (pid, ReadAhead(partial(open_source, self.spec), self.read_ahead))
+        return self._ahead[1]
 
     def shard(self) -> Shard:
         """This process's consumer: this rank, and the DataLoader worker when in one."""
@@ -289,7 +319,6 @@ class TableDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         if self._owner_pid is not None and get_worker_info() is not None:
             watch(self._owner_pid)
-        source = self.source()
         shard = self.shard()
         items = self.work(shard)
         work = fingerprint(items)
@@ -311,7 +340,7 @@ class TableDataset(IterableDataset[Any]):
         self._cursor = cursor
         self._delivered = delivered
         self.skipped = skipped
-        frames = self._frames(source, items, cursor, shard)
+        frames = self._frames(self.reader(), items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
         collate = self._collate()
@@ -345,14 +374,14 @@ class TableDataset(IterableDataset[Any]):
         return convert
 
     def _frames(
-        self, source: Source, items: list[WorkItem], cursor: Cursor, shard: Shard
+        self, reader: Reader, items: list[WorkItem], cursor: Cursor, shard: Shard
     ) -> Iterator[tuple[Frame, Cursor]]:
         """The consumer's frames from ``cursor``, shuffled within windows when the policy asks."""
         policy = self.policy
         if not isinstance(policy, Shuffled) or not policy.buffer_rows:
-            return read_frames(source, items, cursor, self.batch_size, self.last)
+            return read_frames(reader, items, cursor, self.batch_size, self.last)
         key = (policy.seed, self.epoch, *shard)
-        chunks = shuffled_chunks(source, items, cursor, policy.buffer_rows, key)
+        chunks = shuffled_chunks(reader, items, cursor, policy.buffer_rows, key)
         return cut(chunks, self.batch_size, self.last, Cursor(len(items), 0))
 
     def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Generic, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 
-from spiral_lightning.sources import Source
+from spiral_lightning.sources import Reader
 from spiral_lightning.state import Cursor
 from spiral_lightning.work import WorkItem
 
@@ -50,15 +50,15 @@ def _after(run: Run, items: Sequence[WorkItem]) -> Cursor:
     return Cursor(following, items[following].start if following < len(items) else 0)
 
 
-def runs(source: Source, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[Run]:
-    """The undelivered rows of ``items`` from ``cursor`` on, as the source reads them."""
+def runs(reader: Reader, items: Sequence[WorkItem], cursor: Cursor) -> Iterator[Run]:
+    """The undelivered rows of ``items`` from ``cursor`` on, as ``reader`` reads them."""
     if cursor.item >= len(items):
         return
     first = items[cursor.item]
     work = [WorkItem(first.split, cursor.row, first.end), *items[cursor.item + 1 :]]
     rows_at = [item.start for item in work]
     skip = cursor.skip
-    for batch, index, next_row in source.read(work):
+    for batch, index, next_row in reader.read(work):
         row, rows_at[index] = rows_at[index], next_row
         skipped = min(skip, batch.num_rows) if index == 0 else 0
         skip -= skipped
@@ -150,7 +150,7 @@ def _position(run: Run, items: Sequence[WorkItem], rows: int) -> Cursor:
 
 
 def read_frames(
-    source: Source,
+    reader: Reader,
     items: Sequence[WorkItem],
     cursor: Cursor,
     batch_size: int | None,
@@ -160,5 +160,5 @@ def read_frames(
 
     Without a ``batch_size`` each read batch is a frame as it arrives (empty ones dropped).
     """
-    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in runs(source, items, cursor))
+    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in runs(reader, items, cursor))
     return cut(chunks, batch_size, last, Cursor(len(items), 0))

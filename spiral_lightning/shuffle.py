@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 
 from spiral_lightning.frames import Chunk, read_frames
-from spiral_lightning.sources import Source
+from spiral_lightning.sources import Reader
 from spiral_lightning.state import Cursor
 from spiral_lightning.work import WorkItem
 
@@ -28,12 +28,12 @@ def _inside(start: Cursor, after: Cursor, window: int, taken: int, size: int, ro
 
 
 def shuffled_chunks(
-    source: Source, items: Sequence[WorkItem], cursor: Cursor, size: int, key: Sequence[int]
+    reader: Reader, items: Sequence[WorkItem], cursor: Cursor, size: int, key: Sequence[int]
 ) -> Iterator[Chunk[Cursor]]:
     """The consumer's undelivered rows from ``cursor`` on, window by window in shuffled order."""
     start = Cursor(cursor.item, cursor.row, cursor.skip)
     window, taken = cursor.window, cursor.taken
-    for frame, after in read_frames(source, items, start, size, "keep_partial"):
+    for frame, after in read_frames(reader, items, start, size, "keep_partial"):
         rows = frame.rows()
         order = np.random.default_rng((*key, window)).permutation(rows.num_rows)
         yield Chunk(rows.take(order[taken:]), partial(_inside, start, after, window, taken, rows.num_rows))

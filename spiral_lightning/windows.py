@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
-from spiral_lightning.sources import Source
+from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import to_torch
@@ -107,7 +107,7 @@ def _groups(rows: _Rows, group_by: str | None) -> Iterator[tuple[_Rows, Any]]:
 
 
 def read_windows(
-    source: Source,
+    reader: Reader,
     items: Sequence[WorkItem],
     position: WindowPosition,
     windows: Windows,
@@ -128,7 +128,7 @@ def read_windows(
     run: tuple[int, Any] | None = None
     pending: list[pa.Table] = []
     count = 0
-    for batch in runs(source, items, position.cursor):
+    for batch in runs(reader, items, position.cursor):
         rows = _Rows(batch.rows, batch.item, batch.row, batch.skip)
         for part, key in _groups(rows, windows.group_by):
             # The first part read begins the saved run at its saved lead; a new run starts at 0.
@@ -346,6 +346,8 @@ class WindowDataset(IterableDataset[Any]):
                 )
             position = self._position = WindowPosition(saved.cursor, lead)
         self._work = work
-        for batch, after in read_windows(source, items, position, self.windows, self.batch_size, self.last):
+        for batch, after in read_windows(
+            self.table.reader(), items, position, self.windows, self.batch_size, self.last
+        ):
             self._position = after
             yield batch if self.collate is None else handed_on(stack(self.collate(batch), self.windows.size))

@@ -171,10 +171,23 @@ def test_checkpoint_from_another_table_version_is_refused(make_table: Callable[.
         )
 
 
+def test_read_ahead_reaches_the_dataset_of_every_stage(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([300, 200])
+    for depth in (0, 4):
+        module = SpiralDataModule(spec.uri, val=spec.uri, batch_size=64, read_ahead=depth)
+        module.setup("fit")
+        assert {stage: dataset.read_ahead for stage, dataset in module.datasets.items()} == {
+            "train": depth,
+            "val": depth,
+        }
+
+
 def test_bad_arguments_name_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'fork' is not supported.*forkserver"):
         SpiralDataModule("spiral:x", num_workers=2, multiprocessing_context="fork")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown policy 'shuffle'"):
         SpiralDataModule("spiral:x", policy="shuffle")
+    with pytest.raises(ValueError, match="read_ahead must be a non-negative int"):
+        SpiralDataModule("spiral:x", read_ahead=-1)
     with pytest.raises(FileNotFoundError, match="no Spiral table at"):
         trainer(tmp_path, max_steps=1).fit(Recorder(), datamodule=SpiralDataModule(f"spiral:{tmp_path / 'missing'}"))

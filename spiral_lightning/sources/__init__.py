@@ -13,10 +13,10 @@ from types import ModuleType
 
 from spiral_lightning.sources import parquet, sds, spiral
 from spiral_lightning.sources.chunks import ArrowData
-from spiral_lightning.sources.protocol import ReadBatch, Source, Take
+from spiral_lightning.sources.protocol import ReadBatch, Reader, Source, Take
 from spiral_lightning.spec import TableSpec
 
-__all__ = ["ReadBatch", "Source", "Take", "open_source", "resolve", "version_of", "write"]
+__all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "resolve", "version_of", "write"]
 
 #: The process that opened this interpreter's first source; another pid here means a fork.
 _opened_in: int | None = None

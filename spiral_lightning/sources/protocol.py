@@ -22,7 +22,15 @@ class Take(NamedTuple):
     positions: Sequence[int]
 
 
-class Source(Protocol):
+class Reader(Protocol):
+    """What reads a consumer's work items: a source, or a source read ahead on a thread."""
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        """The rows of ``items`` after the filter, item after item, each in stored order."""
+        ...
+
+
+class Source(Reader, Protocol):
     """An exact table version opened in the process that reads it, with its scan options applied.
 
     Split indexes belong to the source: with a filter a backend may prune splits, so a plan, its
@@ -48,10 +56,6 @@ class Source(Protocol):
     @property
     def splits(self) -> Sequence[Split]:
         """The plan: every split, in stored order."""
-        ...
-
-    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
-        """The rows of ``items`` after the filter, item after item, each in stored order."""
         ...
 
     def count(self, items: Sequence[WorkItem]) -> list[int]:

@@ -1,0 +1,101 @@
+"""Reading ahead: a source's reads on a thread of their own, a few read batches before the consumer.
+
+Read in line, a pass alternates: the consumer waits while the source decodes a read batch, then
+the source idles while the consumer frames it and trains on the frames. A reading thread keeps
+the source decoding while the consumer works (backends release the GIL while they read), so a
+pass takes about the longer of the two instead of their sum.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, cast
+
+from spiral_lightning.sources import ReadBatch, Source
+from spiral_lightning.work import WorkItem
+
+#: Seconds a reading thread waits for room in its queue before it looks again whether its pass
+#: was stopped.
+_POLL = 0.1
+
+
+class _Failed(NamedTuple):
+    """What a reading thread hands on when its read raised: the consumer raises it."""
+
+    error: BaseException
+
+
+#: What a reading thread hands on after the last read batch of its pass.
+_END = object()
+
+
+class ReadAhead:
+    """Reads of one table version on background threads, each up to ``depth`` read batches ahead.
+
+    Each pass reads on a thread of its own, through a source that only one thread uses at a time:
+    one left idle by an earlier pass, else one ``open_source`` opens. The consumer's source keeps
+    planning and counting meanwhile, and an open file must not serve two threads at once. Rows,
+    order and the stored rows reported with each batch are those of ``source.read``.
+    """
+
+    def __init__(self, open_source: Callable[[], Source], depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"a read-ahead depth is at least 1 read batch, not {depth}")
+        self.depth = depth
+        self._open_source = open_source
+        self._idle: list[Source] = []
+        self._lock = threading.Lock()
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        """What a source's ``read(items)`` yields, read ahead; the thread starts on the first
+        ``next`` and stops once the iterator is exhausted, closed or collected."""
+        batches: queue.Queue[object] = queue.Queue(self.depth)
+        stop = threading.Event()
+        args = (list(items), batches, stop)
+        threading.Thread(target=self._fill, args=args, name="spiral-lightning-read-ahead", daemon=True).start()
+        try:
+            while True:
+                batch = batches.get()
+                if batch is _END:
+                    return
+                if isinstance(batch, _Failed):
+                    raise batch.error
+                yield cast(ReadBatch, batch)
+        finally:
+            stop.set()
+
+    def _fill(self, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> None:
+        try:
+            with self._lock:
+                source = self._idle.pop() if self._idle else None
+            if source is None:
+                source = self._open_source()
+            finished = _hand_on(source, items, batches, stop)
+            # Back to the idle ones only after a pass that raised nothing, and before the consumer
+            # hears of the end: its next pass then finds it.
+            with self._lock:
+                self._idle.append(source)
+        except BaseException as error:  # every error belongs to the consumer
+            _put(batches, _Failed(error), stop)
+            return
+        if finished:
+            _put(batches, _END, stop)
+
+
+def _hand_on(source: Source, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> bool:
+    """Put what ``source.read(items)`` yields into ``batches``; ``False`` if the pass was stopped
+    first. The read ends with this call, so the source is free for another thread after it."""
+    return all(_put(batches, batch, stop) for batch in source.read(items))
+
+
+def _put(batches: queue.Queue[object], value: object, stop: threading.Event) -> bool:
+    """Put ``value`` once there is room; ``False`` if the pass was stopped first."""
+    while not stop.is_set():
+        try:
+            batches.put(value, timeout=_POLL)
+        except queue.Full:
+            continue
+        return True
+    return False
