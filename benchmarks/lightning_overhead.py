@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import torch
 
 from spiral_lightning import SpiralDataModule
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD
 from spiral_lightning.demo import demo_table
 
 
@@ -68,14 +69,19 @@ class EpochTimer(pl.Callback):
 EPOCHS = 2
 
 
-def data(uri: str, workers: int, batch_size: int) -> SpiralDataModule:
+def data(uri: str, workers: int, batch_size: int, read_ahead: int) -> SpiralDataModule:
     return SpiralDataModule(
-        uri, columns=["features", "label"], batch_size=batch_size, num_workers=workers, persistent_workers=True
+        uri,
+        columns=["features", "label"],
+        batch_size=batch_size,
+        num_workers=workers,
+        persistent_workers=True,
+        read_ahead=read_ahead,
     )
 
 
-def bare(uri: str, workers: int, batch_size: int) -> tuple[int, float]:
-    module = data(uri, workers, batch_size)
+def bare(uri: str, workers: int, batch_size: int, read_ahead: int) -> tuple[int, float]:
+    module = data(uri, workers, batch_size, read_ahead)
     module.setup("fit")
     loader = module.train_dataloader()
     total = torch.zeros(())
@@ -92,8 +98,8 @@ def bare(uri: str, workers: int, batch_size: int) -> tuple[int, float]:
     return rows, seconds
 
 
-def lightning(uri: str, workers: int, batch_size: int) -> tuple[int, float]:
-    module = data(uri, workers, batch_size)
+def lightning(uri: str, workers: int, batch_size: int, read_ahead: int) -> tuple[int, float]:
+    module = data(uri, workers, batch_size, read_ahead)
     timer = EpochTimer()
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -118,6 +124,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="worker counts to measure")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--root", type=Path, default=None, help="keep the table here between runs")
+    parser.add_argument(
+        "--read-ahead", type=int, default=DEFAULT_READ_AHEAD, help="read batches each consumer reads ahead (0: in line)"
+    )
     args = parser.parse_args()
     # One intra-op thread for both paths: on a shared 2-core machine a second thread waits for a
     # core inside each batch's sum, which adds milliseconds of noise to whichever path it hits.
@@ -130,10 +139,13 @@ def main() -> None:
         for round_number in range(args.repeats):
             order = list(paths)[round_number % 2 :] + list(paths)[: round_number % 2]
             for name in order:
-                rows, seconds = paths[name](uri, workers, args.batch_size)
+                rows, seconds = paths[name](uri, workers, args.batch_size, args.read_ahead)
                 if (name, workers) not in best or seconds < best[name, workers][1]:
                     best[name, workers] = (rows, seconds)
-    print(f"\n{args.rows:,} rows, batches of {args.batch_size}, best of {args.repeats} epochs per path\n")
+    print(
+        f"\n{args.rows:,} rows, batches of {args.batch_size}, read_ahead={args.read_ahead}, "
+        f"best of {args.repeats} epochs per path\n"
+    )
     print("| path | workers | rows | seconds | rows/s | vs bare loop |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     for workers in args.workers:
         bare_rows, bare_seconds = best["bare loop over the loader", workers]
