@@ -19,7 +19,7 @@ import torch
 import torch.distributed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning.dataset import TableDataset
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.frames import Last
 from spiral_lightning.loader import consumer_states
 from spiral_lightning.spec import TableSpec, as_spec
@@ -55,9 +55,11 @@ def train_loader(
     pin_memory: bool = False,
     resume: bool = True,
     even_batches: bool = True,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
-    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers.
+    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers, each
+    ``read_ahead`` read batches ahead (see ``TableDataset``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -84,6 +86,7 @@ def train_loader(
         world_size=world_size,
         collate=collate,
         rows_per_consumer=rows_per_consumer,
+        read_ahead=read_ahead,
     )
     loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
     loader = loader_class(

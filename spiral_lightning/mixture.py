@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
-from spiral_lightning.dataset import TableDataset
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import Policy, Shard, stripe
@@ -182,6 +182,7 @@ class Mixture(IterableDataset[Any]):
     ``collate`` turns each frame into a batch (tensors by default); the mixture counts a batch's
     rows as its ``len``, or the length of its first column when it is a mapping. With
     ``table_key`` set, each batch (a mapping) also holds the index of its table under that key.
+    Each table reads ``read_ahead`` read batches ahead, as in ``TableDataset``.
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: every table's
     ``TableDataset`` state plus each table's passes and delivered rows.
     """
@@ -199,6 +200,7 @@ class Mixture(IterableDataset[Any]):
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         table_key: str | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         if not tables:
             raise ValueError("a Mixture needs at least one (table, weight) pair")
@@ -233,7 +235,15 @@ class Mixture(IterableDataset[Any]):
         # set_epoch reaches persistent workers.
         self._epoch = torch.zeros(1, dtype=torch.int64)
         self.tables = tuple(
-            TableDataset(spec, batch_size=batch_size, policy=policy, rank=rank, world_size=world_size, collate=collate)
+            TableDataset(
+                spec,
+                batch_size=batch_size,
+                policy=policy,
+                rank=rank,
+                world_size=world_size,
+                collate=collate,
+                read_ahead=read_ahead,
+            )
             for spec in specs
         )
         for dataset in self.tables:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import IterableDataset
 
-from spiral_lightning.dataset import TableDataset
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
@@ -211,7 +211,7 @@ class WindowDataset(IterableDataset[Any]):
     """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
     work list.
 
-    Consumers, ``policy``, ranks and the pinned version work as in ``TableDataset``. ``collate``
+    Consumers, ``policy``, ranks, ``read_ahead`` and the pinned version work as in ``TableDataset``. ``collate``
     turns each batch's rows into columns (tensors by default) and each column is then grouped by
     window into ``[batch_size, size, ...]`` (lists of lists for columns that stay lists); with
     ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides the
@@ -233,6 +233,7 @@ class WindowDataset(IterableDataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        read_ahead: int = DEFAULT_READ_AHEAD,
     ) -> None:
         if not isinstance(windows, Windows):
             raise TypeError(f"windows must be a Windows value, not {windows!r}")
@@ -251,7 +252,9 @@ class WindowDataset(IterableDataset[Any]):
             )
         # The table dataset pins the version and gives the consumer, its work list and the
         # opened source; its own iteration is not used.
-        self.table = TableDataset(table_spec, policy=policy, rank=rank, world_size=world_size, collate=None)
+        self.table = TableDataset(
+            table_spec, policy=policy, rank=rank, world_size=world_size, collate=None, read_ahead=read_ahead
+        )
         self.windows = windows
         self.batch_size = batch_size
         self.last: Last = last

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from spiral_lightning import Shuffled, TableDataset, TableSpec, balanced
+from spiral_lightning import Mixture, Shuffled, TableDataset, TableSpec, WindowDataset, Windows, balanced
 from tests.tables import BACKENDS, KEEP_TEXT, layout_table
 
 SIZES = [9000, 300, 20000, 0, 12000, 4000]
@@ -102,6 +102,24 @@ def test_a_pass_left_early_ends_its_thread_and_two_passes_read_side_by_side(
         for index, batches in enumerate(interleaved):
             rows[index] += len(next(batches)["id"])
     assert rows == [60000, 60000]
+
+
+def test_mixtures_and_windows_read_ahead_as_told_with_the_batches_of_reading_in_line(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    first, second = make_table([9000, 20000], columns=["id"]), make_table([12000, 300], 1, columns=["id"])
+    batches: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
+    for depth in (0, 3):
+        mixture = Mixture([(first, 2.0), (second, 1.0)], batch_size=500, seed=4, read_ahead=depth)
+        windows = WindowDataset(first, windows=Windows(size=8, stride=5), batch_size=64, read_ahead=depth)
+        assert [table.read_ahead for table in mixture.tables] == [depth, depth]
+        assert windows.table.read_ahead == depth
+        batches[depth] = (
+            [batch["id"].tolist() for batch in mixture],
+            [batch["id"].flatten().tolist() for batch in windows],
+        )
+    assert len(batches[0][0]) > 10 and len(batches[0][1]) > 10
+    assert batches[3] == batches[0]
 
 
 @pytest.mark.parametrize("read_ahead", [-1, True, 1.5])
