@@ -83,8 +83,14 @@ BENCHMARKS = [
         "throughput",
         ["--rows", "2000000", "--repeats", "5"],
         [
-            Target("TableDataset >= 0.9x raw Spiral `to_reader`", r"^`TableDataset\(", "vs raw to_reader", 0.9),
-            Target("TableDataset >= 1.1x `ScanDataset`", r"^`TableDataset\(", "vs ScanDataset", 1.1),
+            # The dataset as users get it (its defaults), in process; not the in-line row beside it.
+            Target(
+                "TableDataset >= 0.9x raw Spiral `to_reader`",
+                r"^`TableDataset\(batch_size=1024\)`",
+                "vs raw to_reader",
+                0.9,
+            ),
+            Target("TableDataset >= 1.1x `ScanDataset`", r"^`TableDataset\(batch_size=1024\)`", "vs ScanDataset", 1.1),
         ],
     ),
     Benchmark(
