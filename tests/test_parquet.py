@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +67,38 @@ def test_take_reads_positions_after_the_filter(tmp_path: Path) -> None:
     assert odd.count([WorkItem(0, 0, 100), WorkItem(1, 10, 21)]) == [50, 5]
     with pytest.raises(IndexError):
         odd.take([Take(0, [50])])
+
+
+def test_files_of_another_schema_are_named_when_the_version_is_pinned(tmp_path: Path) -> None:
+    pq.write_table(numbers(0, 10), tmp_path / "a.parquet")
+    pq.write_table(numbers(10, 10).drop_columns(["odd"]), tmp_path / "b.parquet")
+    with pytest.raises(
+        ValueError, match=rf"{str(tmp_path / 'b.parquet')!r} has the schema .*unlike {str(tmp_path / 'a.parquet')!r}"
+    ):
+        TableSpec(f"parquet:{tmp_path}").resolve()
+
+
+@pytest.mark.slow
+def test_a_version_of_more_files_than_the_open_file_limit_reads(tmp_path: Path) -> None:
+    # 400 files under a limit of 256 open files: every source (the consumer's, the one that
+    # reads ahead, each read thread's) keeps at most 64 of them open.
+    for part in range(400):
+        pq.write_table(numbers(part * 3, 3), tmp_path / f"part-{part:05d}.parquet")
+    script = textwrap.dedent(
+        f"""
+        import resource
+        from spiral_lightning import TableDataset, TableMapDataset
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        uri = "parquet:{tmp_path}"
+        ids = [int(i) for batch in TableDataset(uri, batch_size=100) for i in batch["id"]]
+        taken = [int(row["id"]) for row in TableMapDataset(uri, read_threads=2).__getitems__(list(range(1199, -1, -5)))]
+        print(ids == list(range(1200)), taken == list(range(1199, -1, -5)))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["True", "True"]
 
 
 def rewrite(path: Path, table: pa.Table) -> None:

@@ -11,6 +11,7 @@ import fnmatch
 import glob
 import hashlib
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -30,6 +31,8 @@ from spiral_lightning.work import Split, WorkItem
 
 _PREFIX = "parquet:"
 T = TypeVar("T")
+#: Files a source keeps open at once (see ``ParquetSource._file``).
+_OPEN_FILES = 64
 #: Rows per read batch: large enough to amortize decoding, small enough to start quickly.
 _READ_ROWS = 65_536
 
@@ -88,12 +91,23 @@ def resolve(spec: TableSpec) -> TableSpec:
     if spec.files is not None:
         return spec
     filesystem, _ = _location(spec.uri)
-    files = []
+    files: list[FileVersion] = []
+    first: pa.Schema | None = None
     for info in _list(spec.uri):
         metadata = _open(filesystem, info.path).metadata
+        schema = metadata.schema.to_arrow_schema()
+        if first is None:
+            first = schema
+        else:
+            _check_schema(info.path, schema, files[0].path, first)
         row_groups = tuple(metadata.row_group(index).num_rows for index in range(metadata.num_row_groups))
         files.append(FileVersion(info.path, info.size, info.mtime_ns, row_groups))
     return replace(spec, files=tuple(files))
+
+
+def _check_schema(path: str, schema: pa.Schema, first_path: str, first: pa.Schema) -> None:
+    if not schema.equals(first):
+        raise ValueError(f"{path!r} has the schema {schema}, unlike {first_path!r} ({first})")
 
 
 def version(spec: TableSpec) -> str:
@@ -138,19 +152,8 @@ class ParquetSource:
         self._uri = spec.uri
         self._version = version(spec)
         self._filesystem, _ = _location(spec.uri)
-        self._files = [_open(self._filesystem, file.path) for file in spec.files]
-        for planned, opened in zip(spec.files, self._files, strict=True):
-            layout = tuple(opened.metadata.row_group(i).num_rows for i in range(opened.metadata.num_row_groups))
-            if layout != planned.row_groups:
-                raise ValueError(
-                    f"the row groups of {planned.path!r} changed since version {self._version} was planned"
-                )
-        schema = self._files[0].schema_arrow
-        for planned, opened in zip(spec.files, self._files, strict=True):
-            if not opened.schema_arrow.equals(schema):
-                raise ValueError(
-                    f"{planned.path!r} has the schema {opened.schema_arrow}, unlike {spec.files[0].path!r} ({schema})"
-                )
+        self._opened: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        schema = self._first_schema = self._file(0).schema_arrow
         if spec.columns is not None:
             unknown = [name for name in spec.columns if name not in schema.names]
             if unknown:
@@ -161,10 +164,10 @@ class ParquetSource:
         self._schema = pa.schema([schema.field(name) for name in self._columns], metadata=schema.metadata)
         self._kept_rows: dict[int, np.ndarray] = {}
         self._groups = [
-            (file, group) for file, opened in enumerate(self._files) for group in range(opened.num_row_groups)
+            (file, group) for file, planned in enumerate(spec.files) for group in range(len(planned.row_groups))
         ]
         self._splits = [
-            Split(index, 0, self._files[file].metadata.row_group(group).num_rows, None)
+            Split(index, 0, spec.files[file].row_groups[group], None)
             for index, (file, group) in enumerate(self._groups)
         ]
         if self._filter is not None:
@@ -189,13 +192,37 @@ class ParquetSource:
     def splits(self) -> Sequence[Split]:
         return self._splits
 
+    def _file(self, file: int) -> pq.ParquetFile:
+        """File ``file`` of the version, opened on first use and checked against the plan. At most
+        ``_OPEN_FILES`` are kept, the least recently used dropped first, so a version of any number
+        of files reads within the process's limit of open files."""
+        opened = self._opened.pop(file, None)
+        if opened is None:
+            planned = (self._spec.files or ())[file]
+            opened = _open(self._filesystem, planned.path)
+            layout = tuple(opened.metadata.row_group(i).num_rows for i in range(opened.metadata.num_row_groups))
+            if layout != planned.row_groups:
+                raise ValueError(
+                    f"the row groups of {planned.path!r} changed since version {self._version} was planned"
+                )
+            if file:
+                _check_schema(planned.path, opened.schema_arrow, (self._spec.files or ())[0].path, self._first_schema)
+            if len(self._opened) >= _OPEN_FILES:
+                # Dropped, not closed: a read still iterating it keeps it open until it ends.
+                self._opened.popitem(last=False)
+        self._opened[file] = opened
+        return opened
+
+    def _read_group(self, file: int, group: int, columns: list[str]) -> pa.Table:
+        return self._file(file).read_row_group(group, columns=columns)
+
     def _checked(self, file: int, read: Callable[[], T]) -> T:
         """What ``read`` reads from file ``file``, kept only when the file is still the planned
         one after the read: an open file reads whatever lies at its path now, even a file
         rewritten in place. A read that fails on a changed file raises the change."""
         try:
             value = read()
-        except (OSError, pa.ArrowException):
+        except (OSError, ValueError, pa.ArrowException):
             self._check_file(file)
             raise
         self._check_file(file)
@@ -211,7 +238,8 @@ class ParquetSource:
         row after it. Rows before ``start`` in the row group are decoded but never returned."""
         file, group = self._groups[item.split]
         row = 0
-        batches = self._files[file].iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns)
+        opened = self._checked(file, partial(self._file, file))
+        batches = opened.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns)
         while (batch := self._checked(file, lambda: next(batches, None))) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
@@ -243,7 +271,7 @@ class ParquetSource:
         """The stored rows of ``split`` the filter keeps, read once per source."""
         if split not in self._kept_rows:
             file, group = self._groups[split]
-            keys = self._checked(file, partial(self._files[file].read_row_group, group, columns=self._filter_columns))
+            keys = self._checked(file, partial(self._read_group, file, group, self._filter_columns))
             numbered = keys.append_column("__stored_row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
             self._kept_rows[split] = numbered.filter(self._filter).column("__stored_row").to_numpy()
         return self._kept_rows[split]
@@ -257,9 +285,7 @@ class ParquetSource:
                 rows = self._kept(split)[rows]
             if split not in groups:
                 file, group = self._groups[split]
-                groups[split] = self._checked(
-                    file, partial(self._files[file].read_row_group, group, columns=self._columns)
-                )
+                groups[split] = self._checked(file, partial(self._read_group, file, group, self._columns))
             parts.append(groups[split].take(pa.array(rows)))
         return pa.concat_tables(parts) if parts else self.schema.empty_table()
 
