@@ -211,11 +211,11 @@ class WindowDataset(IterableDataset[Any]):
     """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
     work list.
 
-    Consumers, ``policy``, ranks, ``read_ahead`` and the pinned version work as in ``TableDataset``. ``collate``
-    turns each batch's rows into columns (tensors by default) and each column is then grouped by
-    window into ``[batch_size, size, ...]`` (lists of lists for columns that stay lists); with
-    ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides the
-    windows after the consumer's last full batch.
+    Consumers, ``policy``, ranks, ``read_ahead`` and the pinned version work as in
+    ``TableDataset``. ``collate`` turns each batch's rows into columns (tensors by default) and
+    each column is then grouped by window into ``[batch_size, size, ...]`` (lists of lists for
+    columns that stay lists); with ``collate=None`` a batch is the Arrow rows, window after
+    window. ``last`` decides the windows after the consumer's last full batch.
 
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
     a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the
@@ -250,8 +250,8 @@ class WindowDataset(IterableDataset[Any]):
                 f"the group column {group_by!r} is not among the columns {list(table_spec.columns)} of "
                 f"{table_spec.uri!r}; select it too"
             )
-        # The table dataset pins the version and gives the consumer, its work list and the
-        # opened source; its own iteration is not used.
+        # The table dataset pins the version and gives the consumer, its work list, the opened
+        # source and the reader (read ahead or not); its own iteration is not used.
         self.table = TableDataset(
             table_spec, policy=policy, rank=rank, world_size=world_size, collate=None, read_ahead=read_ahead
         )

@@ -149,6 +149,7 @@ class ParquetSource:
             raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
         _check_unchanged(spec, spec.files)
         self._spec = spec
+        self._planned = spec.files
         self._uri = spec.uri
         self._version = version(spec)
         self._filesystem, _ = _location(spec.uri)
@@ -164,10 +165,10 @@ class ParquetSource:
         self._schema = pa.schema([schema.field(name) for name in self._columns], metadata=schema.metadata)
         self._kept_rows: dict[int, np.ndarray] = {}
         self._groups = [
-            (file, group) for file, planned in enumerate(spec.files) for group in range(len(planned.row_groups))
+            (file, group) for file, planned in enumerate(self._planned) for group in range(len(planned.row_groups))
         ]
         self._splits = [
-            Split(index, 0, spec.files[file].row_groups[group], None)
+            Split(index, 0, self._planned[file].row_groups[group], None)
             for index, (file, group) in enumerate(self._groups)
         ]
         if self._filter is not None:
@@ -198,7 +199,7 @@ class ParquetSource:
         of files reads within the process's limit of open files."""
         opened = self._opened.pop(file, None)
         if opened is None:
-            planned = (self._spec.files or ())[file]
+            planned = self._planned[file]
             opened = _open(self._filesystem, planned.path)
             layout = tuple(opened.metadata.row_group(i).num_rows for i in range(opened.metadata.num_row_groups))
             if layout != planned.row_groups:
@@ -206,7 +207,7 @@ class ParquetSource:
                     f"the row groups of {planned.path!r} changed since version {self._version} was planned"
                 )
             if file:
-                _check_schema(planned.path, opened.schema_arrow, (self._spec.files or ())[0].path, self._first_schema)
+                _check_schema(planned.path, opened.schema_arrow, self._planned[0].path, self._first_schema)
             if len(self._opened) >= _OPEN_FILES:
                 # Dropped, not closed: a read still iterating it keeps it open until it ends.
                 self._opened.popitem(last=False)
@@ -229,7 +230,7 @@ class ParquetSource:
         return value
 
     def _check_file(self, file: int) -> None:
-        planned = (self._spec.files or ())[file]
+        planned = self._planned[file]
         if not _same(self._filesystem.get_file_info(planned.path), planned):
             raise _changed(self._spec, [f"changed {planned.path!r} while it was read"])
 
@@ -252,7 +253,7 @@ class ParquetSource:
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
         # Each read checks its own file; files added or removed since the plan show only in a
         # listing, taken again at every pass (each epoch of a dataset that stays open).
-        _check_unchanged(self._spec, self._spec.files or ())
+        _check_unchanged(self._spec, self._planned)
         for index, item in enumerate(items):
             for batch, next_row in self._batches(item, self._read_columns):
                 if self._filter is not None:
