@@ -105,7 +105,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "map_access",
-        ["--rows", "1000000", "--repeats", "5"],
+        ["--rows", "1000000", "--repeats", "5", "--split-rows", "100000", "50000", "20000"],
         [
             Target(
                 "`__getitems__` >= 10x `__getitem__` per row",

@@ -6,12 +6,15 @@ from spiral_lightning.sources import write
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.spec import TableSpec
 
+#: Rows per split when ``write_table`` is given no ``split_rows``.
+DEFAULT_SPLIT_ROWS = 100_000
+
 
 def write_table(
     uri: str,
     data: ArrowData,
     *,
-    split_rows: int = 100_000,
+    split_rows: int = DEFAULT_SPLIT_ROWS,
 ) -> TableSpec:
     """Write ``data`` as a new table at ``uri``, one split per ``split_rows`` rows, and return the
     spec of the exact version written. A destination that is not empty is an error, never
