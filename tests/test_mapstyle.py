@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -22,11 +24,13 @@ import pyarrow as pa
 import pytest
 import torch
 from grain._src.python.dataset.base import SupportsBatchedReadRandomAccessDataSource
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, RandomSampler
 
 from spiral_lightning import TableMapDataset, TableSpec, WorkItem
 from spiral_lightning.sources import Take, open_source
-from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
+from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = [30, 0, 50, 20, 40, 10]
@@ -135,6 +139,38 @@ def test_indices_outside_the_rows_raise_naming_the_length(make_table: MakeTable,
     assert len(empty) == 0
     with pytest.raises(IndexError, match="of 0 rows"):
         empty[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=5),
+    seed=st.integers(0, 50),
+    filtered=st.booleans(),
+    backend=st.sampled_from(BACKENDS),
+    read_threads=st.integers(1, 3),
+    draws=st.lists(st.floats(0, 1, exclude_max=True), max_size=300),
+)
+def test_any_indices_give_their_rows_in_request_order(
+    sizes: list[int], seed: int, filtered: bool, backend: str, read_threads: int, draws: list[float]
+) -> None:
+    root = Path(tempfile.mkdtemp(prefix="mapstyle-"))
+    try:
+        spec = replace(write_layout(root / "t", sizes, seed, backend), filter=KEEP_TEXT if filtered else None)
+        dataset = TableMapDataset(spec, read_threads=read_threads)
+        expected = kept_ids(sizes, seed) if filtered else list(range(sum(sizes)))
+        assert len(dataset) == len(expected)
+        # Fractions of the length: indices anywhere in the rows, repeats and any order included.
+        indices = [int(draw * len(expected)) for draw in draws] if expected else []
+        rows = dataset.__getitems__(indices)
+        ids = [expected[index] for index in indices]
+        assert [int(row["id"]) for row in rows] == ids
+        # layout_table derives every column from the id, so each row's values are known.
+        assert [float(row["x"]) for row in rows] == [row_id / 2 for row_id in ids]
+        assert [row["v"].tolist() for row in rows] == [[4.0 * row_id + k for k in range(4)] for row_id in ids]
+        with pytest.raises(IndexError, match=f"of {len(expected)} rows"):
+            dataset.__getitems__([*indices, len(expected)])
+    finally:
+        shutil.rmtree(root)
 
 
 def test_filtered_spiral_take_matches_each_split_read(make_table: MakeTable) -> None:
