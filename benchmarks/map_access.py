@@ -4,7 +4,8 @@ pyarrow reading the same rows from a Parquet copy of the table, for several spli
 Run ``.venv/bin/python benchmarks/map_access.py`` (``--rows 200000`` for a quick look). The table
 has columns ``id`` int64, ``x`` float32 and ``v`` fixed_size_list<float32>[16], written once as a
 local Spiral table and once as Parquet with one row group per split, for each of ``--split-rows``
-(rows per split; the first is ``write_table``'s default); ``--root`` keeps them between runs.
+(rows per split; by default ``write_table``'s 100,000 first, then 250,000, 50,000 and 20,000);
+``--root`` keeps them between runs.
 
 Each path fetches the rows of the same ``--indices`` random indices (a new draw per round) and
 checks their ids. A *time* is the best of ``--repeats`` rounds, the paths taking turns so that
@@ -13,7 +14,7 @@ counted before the first round, so opening is excluded. The pyarrow path groups 
 row group, reads each row group once (``ParquetFile.read_row_group``) and takes the rows from it:
 the read a hand-written Parquet sampler would do.
 
-The first table is the default split size, every path; its last column divides the time of
+The first table is the first split size, every path; its last column divides the time of
 ``__getitems__`` into the time of the path, so a ratio above 1 means ``__getitems__`` is faster.
 The second gives, per split size, the Spiral and Parquet ratios of one row at a time over
 ``__getitems__``: a take pays a fixed cost for every split it reads (about 1 ms on Spiral here),
