@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 import os
 import threading
@@ -14,6 +15,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from spiral_lightning.media import Media, Where, project
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
@@ -34,7 +36,10 @@ class TableMapDataset(Dataset[Any]):
     one value per column, a tensor (``[]`` for a scalar column, ``[4]`` for a ``float32[4]``
     column) or a Python value for strings, binary, ragged lists and nulls, as ``to_torch`` makes
     them. Tensors are copies that belong to the row, so ``transform(row)`` may modify them in
-    place.
+    place. The spec's media projections decode their columns as in ``TableDataset``, one image
+    or clip per row (``[3, H, W]`` for ``Image(layout="CHW")``); a value that does not decode
+    raises ``DecodeError`` naming its index. ``on_error="skip"`` is refused: every index must
+    give its row.
 
     ``__getitems__(indices)`` (which ``DataLoader`` calls with a whole batch of indices) and
     ``_getitems`` (which Grain calls) return the rows of ``indices`` as a list, in request order,
@@ -65,6 +70,12 @@ class TableMapDataset(Dataset[Any]):
         if read_threads is not None and read_threads < 1:
             raise ValueError(f"read_threads must be at least 1 (or None for the default), got {read_threads}")
         self.spec = as_spec(spec).resolve()
+        if self.spec.media and self.spec.on_error != "raise":
+            raise ValueError(
+                f"on_error={self.spec.on_error!r} drops rows that do not decode, but a TableMapDataset must "
+                f"return a row for every index of {self.spec.uri!r}; use on_error='raise' and remove the bad "
+                "rows, or read the table with TableDataset, which can skip them"
+            )
         self.transform = transform
         self.read_threads = read_threads
         self._ends: np.ndarray | None = None
@@ -139,8 +150,19 @@ class TableMapDataset(Dataset[Any]):
         # permutation restores request order, and torch's gather copies tensors out of Arrow.
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
-        columns = {name: _reordered(values, back) for name, values in to_torch(batch).items()}
+        converted = to_torch(batch)
+        media = self._media(source)
+        if media:
+            # Decoded together, as one batch converts cheaper than rows one by one; a row that
+            # does not decode is named by the index it answers.
+            where = Where(self.spec.uri, indices=tuple(wanted[order].tolist()))
+            converted = project(converted, media, where).batch
+        columns = {name: _reordered(values, back) for name, values in converted.items()}
         return [{name: values[k] for name, values in columns.items()} for k in range(wanted.size)]
+
+    def _media(self, source: Source) -> list[Media]:
+        """The spec's media projections left to decode here: the scan decodes some itself."""
+        return [item for item in self.spec.media if item.column not in source.decoded]
 
     def _take(self, takes: list[Take]) -> pa.Table:
         """The rows of ``takes`` in order, their splits read on up to ``read_threads`` threads."""
@@ -191,7 +213,12 @@ def _groups(takes: list[Take], count: int) -> list[list[Take]]:
 
 def _reordered(values: torch.Tensor | list[Any], order: np.ndarray) -> Sequence[Any]:
     """``values`` in ``order``: a tensor as one gathered copy split into per-row views, a list
-    item by item."""
+    item by item, copied where ``order`` repeats it so that no two rows share a tensor or list."""
     if isinstance(values, torch.Tensor):
         return values[torch.from_numpy(order)].unbind(0)
-    return [values[k] for k in order.tolist()]
+    reordered = []
+    seen: set[int] = set()
+    for k in order.tolist():
+        reordered.append(copy.deepcopy(values[k]) if k in seen else values[k])
+        seen.add(k)
+    return reordered

@@ -458,10 +458,18 @@ def stack(pixels: Sequence[np.ndarray[Any, Any]], spec: Media) -> torch.Tensor |
 @dataclass(frozen=True)
 class Where:
     """Where a batch came from, for error messages: the table's uri, and the number the caller
-    gives the batch's first row (row ``first_row + i`` is the batch's position ``i``)."""
+    gives the batch's first row (row ``first_row + i`` is the batch's position ``i``), or instead
+    the dataset index of each row when they are not consecutive (a map-style read)."""
 
     table: str
     first_row: int = 0
+    indices: tuple[int, ...] | None = None
+
+    def name(self, position: int) -> str:
+        """How an error names the batch's row at ``position``."""
+        if self.indices is None:
+            return f"row {self.first_row + position} (position {position} of its batch)"
+        return f"index {self.indices[position]}"
 
 
 class Skipped(NamedTuple):
@@ -543,8 +551,8 @@ def project(
             except DecodeError as error:
                 if on_error == "raise":
                     raise DecodeError(
-                        f"cannot decode column {spec.column!r} of {where.table}, row {where.first_row + position} "
-                        f"(position {position} of its batch): {error}; fix or remove the row, or pass "
+                        f"cannot decode column {spec.column!r} of {where.table}, {where.name(position)}: "
+                        f"{error}; fix or remove the row, or pass "
                         "on_error='skip' to drop rows that do not decode"
                     ) from error
                 skipped[position] = Skipped(position, spec.column, str(error))

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
+import pyarrow as pa
 import pytest
+import torch
 
-from spiral_lightning import SpiralDataModule, TableSpec
+from spiral_lightning import SpiralDataModule, TableSpec, write_table
+from spiral_lightning.media import Image
 from tests.lightning_job import Recorder
 from tests.test_datamodule import checkpoints, ids_in, trainer
+from tests.test_media_dataset import jpeg
 
 SIZES = [300, 40, 500, 160]
 
@@ -44,3 +50,41 @@ def test_map_access_shuffles_each_epoch_and_resumes_exactly(
 def test_map_access_refuses_other_settings(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="access must be 'iterable' or 'map'"):
         SpiralDataModule("spiral:x", access="random")  # type: ignore[arg-type]
+
+
+class ImageRecorder(pl.LightningModule):
+    """Trains one weight on each image's mean and keeps every batch's ids and images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[list[int], torch.Tensor]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.seen.append((batch["id"].tolist(), batch["img"]))
+        loss: torch.Tensor = self.layer(batch["img"].mean(dim=(1, 2, 3))[:, None]).pow(2).mean()
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["spiral", "parquet"])
+def test_map_access_trains_on_decoded_images(tmp_path: Path, backend: str) -> None:
+    data = pa.table(
+        {"id": pa.array(range(10), pa.int64()), "img": pa.array([jpeg(row) for row in range(10)], pa.binary())}
+    )
+    stored = write_table(f"{backend}:{tmp_path / 't'}", data, split_rows=4)
+    resize = Image("img", size=(16, 12), layout="CHW", dtype="float32", normalize="unit")
+    model = ImageRecorder()
+    module = SpiralDataModule(TableSpec(stored.uri, media=(resize,)), batch_size=4, access="map", seed=1)
+    trainer(tmp_path, max_epochs=1).fit(model, datamodule=module)
+    assert sorted(i for ids, _ in model.seen for i in ids) == list(range(10))
+    for ids, images in model.seen:
+        assert images.shape == (len(ids), 3, 12, 16) and images.dtype == torch.float32
+        # jpeg(row) is solid with a red level of 20 * row: each image arrives beside its own id.
+        red = torch.tensor([row * 20 / 255 for row in ids])
+        assert torch.allclose(images[:, 0].mean(dim=(1, 2)), red, atol=0.03)
+    skipping = SpiralDataModule(TableSpec(stored.uri, media=(resize,), on_error="skip"), access="map")
+    with pytest.raises(ValueError, match="on_error='skip' drops rows"):
+        trainer(tmp_path / "skip", max_epochs=1).fit(ImageRecorder(), datamodule=skipping)

@@ -123,3 +123,35 @@ def test_random_access_reads_blob_bytes_with_and_without_a_filter(tmp_path: Path
     rows = TableMapDataset(TableSpec(spec.uri, filter=condition))
     first = 3 if condition else 0
     assert [row["img"] for row in rows.__getitems__([1, 0])] == [payloads()[first + 1], payloads()[first]]
+
+
+def test_random_access_decodes_rows_as_the_iterable_dataset_does(images: TableSpec) -> None:
+    rows = TableMapDataset(with_media(images))
+    whole = next(iter(TableDataset(with_media(images, "skip"), batch_size=ROWS)))
+    decoded = dict(zip(whole["id"].tolist(), whole["img"], strict=True))
+    indices = [11, 0, 7, 0, 3]
+    together = rows.__getitems__(indices)
+    assert [int(row["id"]) for row in together] == indices
+    for index, row in zip(indices, together, strict=True):
+        assert row["img"].shape == (3, 12, 16) and row["img"].dtype == torch.float32
+        assert torch.equal(row["img"], decoded[index])
+        assert torch.equal(rows[index]["img"], decoded[index])
+    # A repeated index gives a copy of its own, as every row's tensors are.
+    together[1]["img"].add_(1)
+    assert torch.equal(together[3]["img"], decoded[0])
+    for read in (lambda: rows.__getitems__([0, *BROKEN, 2]), lambda: rows[min(BROKEN)]):
+        with pytest.raises(DecodeError, match=rf"cannot decode column 'img' of .*, index {min(BROKEN)}: ") as error:
+            read()
+        assert images.uri in str(error.value)
+
+
+def test_random_access_refuses_to_skip_rows_and_keeps_images_of_each_size(tmp_path: Path) -> None:
+    spec = binary_table(tmp_path / "t", "parquet")
+    with pytest.raises(ValueError, match=r"on_error='skip' drops rows .* use on_error='raise'"):
+        TableMapDataset(with_media(spec, "skip"))
+    # Without a size every image keeps its own, so the rows come as a list of tensors.
+    rows = TableMapDataset(TableSpec(spec.uri, media=(Image("img"),)))
+    first, other, again = rows.__getitems__([2, 3, 2])
+    assert first["img"].shape == (12, 22, 3) and other["img"].shape == (10, 23, 3)
+    first["img"].zero_()
+    assert torch.equal(again["img"], rows[2]["img"]) and int(again["img"][0, 0, 0]) > 0
