@@ -81,11 +81,15 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-epochs", type=int, default=1)
+    parser.add_argument("--access", choices=["iterable", "map"], default="iterable")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
     spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)
-    data = SpiralDataModule(spec, batch_size=args.batch_size, num_workers=args.workers)
+    data = SpiralDataModule(
+        spec, batch_size=args.batch_size, num_workers=args.workers, access=args.access, seed=args.seed
+    )
     model = Recorder()
     trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)
     record = {"rank": trainer.global_rank, "seen": model.seen}

@@ -11,11 +11,12 @@ import lightning.pytorch as pl
 import pyarrow as pa
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from spiral_lightning import SpiralDataModule, TableSpec, write_table
 from spiral_lightning.media import Image
 from tests.lightning_job import Recorder
-from tests.test_datamodule import checkpoints, ids_in, trainer
+from tests.test_datamodule import checkpoints, ids_in, run_ddp, trainer
 from tests.test_media_dataset import jpeg
 
 SIZES = [300, 40, 500, 160]
@@ -45,6 +46,32 @@ def test_map_access_shuffles_each_epoch_and_resumes_exactly(
     # 20 batches an epoch: the stop falls 7 batches into the second epoch.
     assert ids_in(stopped.seen, 1) + ids_in(resumed.seen, 1) == second_epoch
     assert ids_in(resumed.seen, 0) == []
+
+
+@pytest.mark.slow
+def test_ddp_map_access_resumes_each_rank_in_its_sampler_order(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    spec = make_table(SIZES).resolve()
+    options = ["--batch-size", "25", "--access", "map", "--seed", "7", "--max-epochs", "2"]
+    # 1,000 rows on 2 ranks: 20 batches of 25 per rank and epoch. Stop 7 batches into the second.
+    first = run_ddp(tmp_path, "first", spec.uri, *options, "--max-steps", "27", "--checkpoint-every", "27")
+    assert [len(record["seen"]) for record in first] == [27, 27]
+    ckpt = str(tmp_path / "checkpoints" / "step=27.ckpt")
+    resumed = run_ddp(tmp_path, "resumed", spec.uri, *options, "--ckpt-path", ckpt)
+    assert [len(record["seen"]) for record in resumed] == [13, 13]
+    for epoch in range(2):
+        shares = []
+        for rank in range(2):
+            sampler = DistributedSampler(range(1000), num_replicas=2, rank=rank, shuffle=True, seed=7, drop_last=True)
+            sampler.set_epoch(epoch)
+            # The table's ids are its row numbers, so each rank reads its sampler's order exactly.
+            share = ids_in(first[rank]["seen"], epoch) + ids_in(resumed[rank]["seen"], epoch)
+            assert share == list(sampler)
+            shares += share
+        assert sorted(shares) == list(range(1000))
+    # A new order every epoch.
+    assert ids_in(first[0]["seen"], 0)[:100] != ids_in(first[0]["seen"], 1)[:100]
 
 
 def test_map_access_refuses_other_settings(tmp_path: Path) -> None:
