@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from spiral_lightning.ahead import ReadAhead
 from spiral_lightning.elastic import remainder, share
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
-from spiral_lightning.media import Where, project
+from spiral_lightning.media import Where, left_to_decode, project
 from spiral_lightning.shuffle import shuffled_chunks
 from spiral_lightning.sources import Reader, Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
@@ -387,8 +387,7 @@ class TableDataset(IterableDataset[Any]):
     def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:
         """``batch`` with the spec's media decoded; rows skipped for bad media are counted."""
         where = Where(f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})", first_row)
-        decoded = self.source().decoded
-        media = [item for item in self.spec.media if item.column not in decoded]
+        media = left_to_decode(self.spec.media, self.source().decoded)
         projected = project(batch, media, where, on_error=self.spec.on_error)
         self.skipped += len(projected.skipped)
         return projected.batch

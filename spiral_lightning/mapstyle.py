@@ -15,7 +15,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from spiral_lightning.media import Media, Where, project
+from spiral_lightning.media import Where, left_to_decode, project
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
@@ -151,7 +151,7 @@ class TableMapDataset(Dataset[Any]):
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
         converted = to_torch(batch)
-        media = self._media(source)
+        media = left_to_decode(self.spec.media, source.decoded)
         if media:
             # Decoded together, as one batch converts cheaper than rows one by one; a row that
             # does not decode is named by the index it answers.
@@ -159,10 +159,6 @@ class TableMapDataset(Dataset[Any]):
             converted = project(converted, media, where).batch
         columns = {name: _reordered(values, back) for name, values in converted.items()}
         return [{name: values[k] for name, values in columns.items()} for k in range(wanted.size)]
-
-    def _media(self, source: Source) -> list[Media]:
-        """The spec's media projections left to decode here: the scan decodes some itself."""
-        return [item for item in self.spec.media if item.column not in source.decoded]
 
     def _take(self, takes: list[Take]) -> pa.Table:
         """The rows of ``takes`` in order, their splits read on up to ``read_threads`` threads."""

@@ -472,6 +472,12 @@ class Where:
         return f"index {self.indices[position]}"
 
 
+def left_to_decode(media: Sequence[Media], decoded: frozenset[str]) -> list[Media]:
+    """The projections of ``media`` that still need decoding: a source decodes some columns
+    itself (a Spiral scan turns pixel columns into tensors), and those pass through."""
+    return [item for item in media if item.column not in decoded]
+
+
 class Skipped(NamedTuple):
     """A row that ``project(..., on_error="skip")`` dropped: its position in the batch it was
     given, the first media column that failed, and the decoder's reason."""

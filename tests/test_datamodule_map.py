@@ -14,10 +14,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from spiral_lightning import SpiralDataModule, TableSpec, write_table
-from spiral_lightning.media import Image
 from tests.lightning_job import Recorder
 from tests.test_datamodule import checkpoints, ids_in, run_ddp, trainer
-from tests.test_media_dataset import jpeg
+from tests.test_media_dataset import RESIZE, jpeg
 
 SIZES = [300, 40, 500, 160]
 
@@ -102,9 +101,8 @@ def test_map_access_trains_on_decoded_images(tmp_path: Path, backend: str) -> No
         {"id": pa.array(range(10), pa.int64()), "img": pa.array([jpeg(row) for row in range(10)], pa.binary())}
     )
     stored = write_table(f"{backend}:{tmp_path / 't'}", data, split_rows=4)
-    resize = Image("img", size=(16, 12), layout="CHW", dtype="float32", normalize="unit")
     model = ImageRecorder()
-    module = SpiralDataModule(TableSpec(stored.uri, media=(resize,)), batch_size=4, access="map", seed=1)
+    module = SpiralDataModule(TableSpec(stored.uri, media=(RESIZE,)), batch_size=4, access="map", seed=1)
     trainer(tmp_path, max_epochs=1).fit(model, datamodule=module)
     assert sorted(i for ids, _ in model.seen for i in ids) == list(range(10))
     for ids, images in model.seen:
@@ -112,6 +110,6 @@ def test_map_access_trains_on_decoded_images(tmp_path: Path, backend: str) -> No
         # jpeg(row) is solid with a red level of 20 * row: each image arrives beside its own id.
         red = torch.tensor([row * 20 / 255 for row in ids])
         assert torch.allclose(images[:, 0].mean(dim=(1, 2)), red, atol=0.03)
-    skipping = SpiralDataModule(TableSpec(stored.uri, media=(resize,), on_error="skip"), access="map")
+    skipping = SpiralDataModule(TableSpec(stored.uri, media=(RESIZE,), on_error="skip"), access="map")
     with pytest.raises(ValueError, match="on_error='skip' drops rows"):
         trainer(tmp_path / "skip", max_epochs=1).fit(ImageRecorder(), datamodule=skipping)
