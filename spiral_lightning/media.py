@@ -471,6 +471,13 @@ class Where:
             return f"row {self.first_row + position} (position {position} of its batch)"
         return f"index {self.indices[position]}"
 
+    def remedy(self) -> str:
+        """What to do about a row that does not decode; a map-style read gives every index its
+        row, so it has no rows to skip instead."""
+        if self.indices is None:
+            return "fix or remove the row, or pass on_error='skip' to drop rows that do not decode"
+        return "fix or remove the row (a map-style read must give every index its row, so it cannot skip it)"
+
 
 def left_to_decode(media: Sequence[Media], decoded: frozenset[str]) -> list[Media]:
     """The projections of ``media`` that still need decoding: a source decodes some columns
@@ -558,8 +565,7 @@ def project(
                 if on_error == "raise":
                     raise DecodeError(
                         f"cannot decode column {spec.column!r} of {where.table}, {where.name(position)}: "
-                        f"{error}; fix or remove the row, or pass "
-                        "on_error='skip' to drop rows that do not decode"
+                        f"{error}; {where.remedy()}"
                     ) from error
                 skipped[position] = Skipped(position, spec.column, str(error))
                 arrays.append(None)

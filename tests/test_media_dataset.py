@@ -85,7 +85,7 @@ def test_a_row_that_does_not_decode_is_named(images: TableSpec) -> None:
     dataset = TableDataset(with_media(images), batch_size=4)
     with pytest.raises(DecodeError, match=r"cannot decode column 'img' of .*\(rank 0, worker 0\), row 5") as error:
         list(dataset)
-    assert images.uri in str(error.value)
+    assert images.uri in str(error.value) and "pass on_error='skip' to drop rows" in str(error.value)
 
 
 def test_skipped_rows_are_counted_in_the_state_and_survive_a_resume(images: TableSpec) -> None:
@@ -143,6 +143,8 @@ def test_random_access_decodes_rows_as_the_iterable_dataset_does(images: TableSp
         with pytest.raises(DecodeError, match=rf"cannot decode column 'img' of .*, index {min(BROKEN)}: ") as error:
             read()
         assert images.uri in str(error.value)
+        # The remedy fits the read: a map-style read cannot skip the row.
+        assert "cannot skip it" in str(error.value) and "on_error='skip'" not in str(error.value)
 
 
 def test_random_access_refuses_to_skip_rows_and_keeps_images_of_each_size(tmp_path: Path) -> None:
