@@ -99,6 +99,31 @@ BENCHMARKS = [
         [Target("TableDataset on Parquet >= 0.9x raw pyarrow scan", r"^`TableDataset`$", "/ raw", 0.9)],
     ),
     Benchmark(
+        "object_store",
+        ["--rows", "500000", "--repeats", "3"],
+        [
+            Target(
+                "TableDataset on S3 behind 20 ms latency >= 1.0x `pq.read_table`",
+                r"^S3 \+ [\d.]+ ms latency: `TableDataset`$",
+                "vs `pq.read_table` here",
+                1.0,
+            ),
+            Target(
+                "requests per pass behind latency <= 1.5x (row groups + files)",
+                r"^S3 \+ [\d.]+ ms latency: `TableDataset`$",
+                "requests / (row groups + files)",
+                1.5,
+                at_least=False,
+            ),
+            Target(
+                "cached epoch 2 behind latency >= 0.8x TableDataset on local disk",
+                r"^S3 \+ [\d.]+ ms latency: `TableDataset` \+ cache, epoch 2$",
+                "vs local-disk `TableDataset`",
+                0.8,
+            ),
+        ],
+    ),
+    Benchmark(
         "shuffled",
         ["--rows", "1000000", "--repeats", "2"],
         [Target("`Shuffled` (8192-row blocks) >= 0.8x `stripe`", r"^`Shuffled\(block_rows=8192\)`$", "vs stripe", 0.8)],

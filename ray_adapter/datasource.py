@@ -7,7 +7,7 @@ Ray worker that runs it, so only the resolved spec and the items travel to worke
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import accumulate, pairwise
 from typing import Any
 
@@ -158,8 +158,11 @@ def read_table(
     policy: Policy = stripe,
     shard: Shard | None = None,
     epoch: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
     **read_args: Any,
 ) -> ray.data.Dataset:
-    """The rows of ``spec`` as a Ray ``Dataset`` through a ``TableDatasource``; ``read_args`` go
-    to ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``, ...)."""
-    return ray.data.read_datasource(TableDatasource(spec, policy=policy, shard=shard, epoch=epoch), **read_args)
+    """The rows of ``spec`` (a Parquet table in an object store reached with ``storage_options``,
+    see ``TableSpec``) as a Ray ``Dataset`` through a ``TableDatasource``; ``read_args`` go to
+    ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``, ...)."""
+    source = TableDatasource(as_spec(spec, storage_options), policy=policy, shard=shard, epoch=epoch)
+    return ray.data.read_datasource(source, **read_args)

@@ -56,10 +56,12 @@ def train_loader(
     resume: bool = True,
     even_batches: bool = True,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers, each
-    ``read_ahead`` read batches ahead (see ``TableDataset``).
+    ``read_ahead`` read batches ahead (see ``TableDataset``); ``storage_options`` reach a Parquet
+    table in an object store (see ``TableSpec``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -78,7 +80,7 @@ def train_loader(
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     dataset = TableDataset(
-        _pinned(as_spec(spec)),
+        _pinned(as_spec(spec, storage_options)),
         batch_size=batch_size,
         last=last,
         policy=policy,

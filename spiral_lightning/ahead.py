@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, cast
 
 from spiral_lightning.sources import ReadBatch, Source
@@ -32,29 +32,27 @@ _END = object()
 
 
 class ReadAhead:
-    """Reads of one table version on background threads, each up to ``depth`` read batches ahead.
+    """Reads of one opened table version on background threads, each up to ``depth`` read batches
+    ahead of its consumer.
 
-    Each pass reads on a thread of its own, through a source that only one thread uses at a time:
-    one left idle by an earlier pass, else one ``open_source`` opens. The consumer's source keeps
-    planning and counting meanwhile, and an open file must not serve two threads at once. Rows,
-    order and the stored rows reported with each batch are those of ``source.read``.
+    Each pass reads on a thread of its own through ``source``, the consumer's own: a process opens
+    a version once, and every backend's reads may run beside its planning and counting on another
+    thread. Rows, order and the stored rows reported with each batch are those of ``source.read``.
     """
 
-    def __init__(self, open_source: Callable[[], Source], depth: int) -> None:
+    def __init__(self, source: Source, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"a read-ahead depth is at least 1 read batch, not {depth}")
         self.depth = depth
-        self._open_source = open_source
-        self._idle: list[Source] = []
-        self._lock = threading.Lock()
+        self.source = source
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
-        """What a source's ``read(items)`` yields, read ahead; the thread starts on the first
+        """What the source's ``read(items)`` yields, read ahead; the thread starts on the first
         ``next`` and stops once the iterator is exhausted, closed or collected."""
         batches: queue.Queue[object] = queue.Queue(self.depth)
         stop = threading.Event()
-        args = (list(items), batches, stop)
-        threading.Thread(target=self._fill, args=args, name="spiral-lightning-read-ahead", daemon=True).start()
+        args = (self.source, list(items), batches, stop)
+        threading.Thread(target=_fill, args=args, name="spiral-lightning-read-ahead", daemon=True).start()
         try:
             while True:
                 batch = batches.get()
@@ -66,22 +64,15 @@ class ReadAhead:
         finally:
             stop.set()
 
-    def _fill(self, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> None:
-        try:
-            with self._lock:
-                source = self._idle.pop() if self._idle else None
-            if source is None:
-                source = self._open_source()
-            finished = _hand_on(source, items, batches, stop)
-            # Back to the idle ones only after a pass that raised nothing, and before the consumer
-            # hears of the end: its next pass then finds it.
-            with self._lock:
-                self._idle.append(source)
-        except BaseException as error:  # every error belongs to the consumer
-            _put(batches, _Failed(error), stop)
-            return
-        if finished:
-            _put(batches, _END, stop)
+
+def _fill(source: Source, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> None:
+    try:
+        finished = _hand_on(source, items, batches, stop)
+    except BaseException as error:  # every error belongs to the consumer
+        _put(batches, _Failed(error), stop)
+        return
+    if finished:
+        _put(batches, _END, stop)
 
 
 def _hand_on(source: Source, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> bool:

@@ -65,6 +65,10 @@ class SpiralDataModule(pl.LightningDataModule):
 
     Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
 
+    ``storage_options`` reach Parquet tables in an object store, for every stage (see
+    ``TableSpec``); keep secrets in the environment rather than in a YAML file, which
+    LightningCLI copies into the run's folder.
+
     With ``persistent_workers`` the workers send their batches by shared-memory name
     (``send_by_name``); workers restarted every epoch keep torch's default.
     """
@@ -89,6 +93,7 @@ class SpiralDataModule(pl.LightningDataModule):
         even_batches: bool = True,
         access: Literal["iterable", "map"] = "iterable",
         read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -113,7 +118,7 @@ class SpiralDataModule(pl.LightningDataModule):
         )
         for stage, table in stages:
             if table is not None:
-                self.tables[stage] = _with_options(as_spec(table), columns, filter)
+                self.tables[stage] = _with_options(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.policy = Shuffled(seed=seed) if policy == "shuffled" else resolve_policy(policy)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -57,6 +56,8 @@ class TableDataset(IterableDataset[Any]):
     process, so the source decodes while the consumer frames, converts and trains (0 reads in
     line); it changes no row, order or state.
 
+    ``storage_options`` reach a Parquet table in an object store (see ``TableSpec``).
+
     Rank and world size come from the arguments, else from ``torch.distributed`` when it is
     initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
     source opens in the process that iterates, and only the spec and the settings are pickled.
@@ -79,6 +80,7 @@ class TableDataset(IterableDataset[Any]):
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         rows_per_consumer: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -94,7 +96,7 @@ class TableDataset(IterableDataset[Any]):
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
         Shard(self.rank, self.world_size).check()
-        self.spec = as_spec(spec).resolve()
+        self.spec = as_spec(spec, storage_options).resolve()
         if self.spec.media and collate is None:
             raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
         self.batch_size = batch_size
@@ -116,7 +118,7 @@ class TableDataset(IterableDataset[Any]):
         self._remainder_epoch = 0
         self._source: Source | None = None
         self._source_pid: int | None = None
-        self._ahead: tuple[int, ReadAhead] | None = None
+        self._ahead: ReadAhead | None = None
         self._owner_pid: int | None = None
         self._counts: dict[str, int] = {}
         self.set_rows_per_consumer(rows_per_consumer)
@@ -191,13 +193,13 @@ class TableDataset(IterableDataset[Any]):
 
     def reader(self) -> Reader:
         """What this process reads rows through: with ``read_ahead``, a thread that reads that
-        many read batches ahead through a source of its own; else the source itself."""
+        many read batches ahead through this process's source; else the source itself."""
+        source = self.source()
         if not self.read_ahead:
-            return self.source()
-        pid = os.getpid()
-        if self._ahead is None or self._ahead[0] != pid or self._ahead[1].depth != self.read_ahead:
-            self._ahead = (pid, ReadAhead(partial(open_source, self.spec), self.read_ahead))
-        return self._ahead[1]
+            return source
+        if self._ahead is None or self._ahead.source is not source or self._ahead.depth != self.read_ahead:
+            self._ahead = ReadAhead(source, self.read_ahead)
+        return self._ahead
 
     def shard(self) -> Shard:
         """This process's consumer: this rank, and the DataLoader worker when in one."""

@@ -6,7 +6,7 @@ import copy
 import operator
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -66,10 +66,11 @@ class TableMapDataset(Dataset[Any]):
         *,
         transform: Callable[[Row], Any] | None = None,
         read_threads: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if read_threads is not None and read_threads < 1:
             raise ValueError(f"read_threads must be at least 1 (or None for the default), got {read_threads}")
-        self.spec = as_spec(spec).resolve()
+        self.spec = as_spec(spec, storage_options).resolve()
         if self.spec.media and self.spec.on_error != "raise":
             raise ValueError(
                 f"on_error={self.spec.on_error!r} drops rows that do not decode, but a TableMapDataset must "

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from spiral_lightning import storage
 from spiral_lightning.media import ON_ERROR, Image, OnError, Video
+from spiral_lightning.storage import StorageOptions, masked
+
+#: Row groups a Parquet pass fetches ahead from an object store by default (see ``TableSpec``).
+DEFAULT_PREFETCH = 4
 
 
 class FileVersion(NamedTuple):
-    """One file of a pinned file-backed version: its path, size, modification time and the rows
-    of each of its row groups."""
+    """One file of a pinned file-backed version: its path, size, modification time, the rows of
+    each of its row groups, and the entity tag an object store gave it ("" when it gives none)."""
 
     path: str
     size: int
     mtime_ns: int
     row_groups: tuple[int, ...]
+    etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,11 @@ class TableSpec:
     leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``,
     ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table,
     ``parquet:<file | folder | glob>`` on any filesystem pyarrow opens, or ``sds:<root>`` for a
-    published signal-dataset snapshot. ``columns`` selects
+    published signal-dataset snapshot. A Parquet path may be an object-store uri
+    (``parquet:s3://bucket/prefix``, ``gs://``, ``abfs://``), reached with ``storage_options``
+    (``aws_endpoint``, ``aws_access_key_id``, ``aws_secret_access_key``, ...) and, for every key
+    not given, the store's standard environment; secrets are masked in the spec's ``repr`` and
+    never enter a version, state or fingerprint. ``columns`` selects
     columns (all when ``None``). ``filter`` keeps the rows it holds for: text in the filter
     language (``"label < 5 AND name LIKE 'cat%'"``, the same meaning on every backend) or the
     backend's native expression (``spiral.Expression``, ``pyarrow.compute.Expression``).
@@ -38,6 +48,11 @@ class TableSpec:
     ``media`` decodes encoded columns (binary, or Spiral blobs) into tensors: ``Image`` and
     ``Video`` projections. A row that cannot be decoded raises, naming the table, column and row;
     with ``on_error="skip"`` it is dropped instead and counted.
+
+    A Parquet pass keeps ``prefetch`` row groups of an object store in flight at once, each
+    fetched as a few coalesced range reads on a small pool of threads. With ``cache_dir`` (and
+    its budget ``cache_bytes``) the bytes fetched are kept in that local folder, least recently
+    used dropped first, so later passes over the same version read local disk.
     """
 
     uri: str
@@ -46,12 +61,32 @@ class TableSpec:
     files: tuple[FileVersion, ...] | None = None
     media: tuple[Image | Video, ...] = ()
     on_error: OnError = "raise"
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_bytes: int | None = None
+    prefetch: int = DEFAULT_PREFETCH
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
+            shown = masked(self.uri) if isinstance(self.uri, str) else self.uri
+            raise ValueError(f"a table uri looks like 'spiral:<root>', 'parquet:<path>' or 'sds:<root>', not {shown!r}")
+        if self.scheme == "parquet":
+            storage.parse(self.uri[len("parquet:") :])
+        if self.storage_options is not None:
+            object.__setattr__(self, "storage_options", StorageOptions(self.storage_options) or None)
+        if self.scheme != "parquet" and (self.storage_options or self.cache_dir is not None):
             raise ValueError(
-                f"a table uri looks like 'spiral:<root>', 'parquet:<path>' or 'sds:<root>', not {self.uri!r}"
+                f"storage_options and cache_dir apply to Parquet tables, not {self.uri!r}: Spiral reaches its "
+                "stores through spiral-sdk's own configuration, and SDS snapshots are local folders"
             )
+        if (self.cache_dir is None) != (self.cache_bytes is None):
+            raise ValueError("cache_dir and cache_bytes go together: a cache folder and its budget in bytes")
+        if self.cache_bytes is not None and (
+            isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 1
+        ):
+            raise ValueError(f"cache_bytes must be a positive int, not {self.cache_bytes!r}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise ValueError(f"prefetch must be a positive int (row groups in flight), not {self.prefetch!r}")
         if self.columns is not None:
             columns: Any = self.columns
             if isinstance(columns, str) or not isinstance(columns, Sequence):
@@ -89,6 +124,15 @@ class TableSpec:
         return version_of(self)
 
 
-def as_spec(table: TableSpec | str) -> TableSpec:
-    """A spec for ``table``, which may be a spec or a bare uri."""
-    return table if isinstance(table, TableSpec) else TableSpec(table)
+def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = None) -> TableSpec:
+    """A spec for ``table``, which may be a spec or a bare uri, reached with ``storage_options``
+    when given (a spec that has options of its own must have the same)."""
+    spec = table if isinstance(table, TableSpec) else TableSpec(table)
+    if storage_options is None:
+        return spec
+    options = StorageOptions(storage_options)
+    if spec.storage_options is not None and spec.storage_options != options:
+        raise ValueError(
+            f"the table {spec.uri!r} has its own storage_options {spec.storage_options!r}, not {options!r}"
+        )
+    return replace(spec, storage_options=options)

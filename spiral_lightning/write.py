@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from spiral_lightning.sources import write
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.spec import TableSpec
+from spiral_lightning.storage import StorageOptions
 
 #: Rows per split when ``write_table`` is given no ``split_rows``.
 DEFAULT_SPLIT_ROWS = 100_000
@@ -15,10 +19,12 @@ def write_table(
     data: ArrowData,
     *,
     split_rows: int = DEFAULT_SPLIT_ROWS,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TableSpec:
     """Write ``data`` as a new table at ``uri``, one split per ``split_rows`` rows, and return the
     spec of the exact version written. A destination that is not empty is an error, never
-    overwritten."""
+    overwritten. A Parquet table may go to an object store (``parquet:s3://bucket/prefix``),
+    reached with ``storage_options`` (see ``TableSpec``)."""
     if isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1:
         raise ValueError(f"split_rows must be a positive int, not {split_rows!r}")
-    return write(uri, data, split_rows)
+    return write(uri, data, split_rows, StorageOptions(storage_options) if storage_options else None)

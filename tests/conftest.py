@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from spiral_lightning import TableSpec
+from tests.objectstore import S3Server, weed_binary
 from tests.tables import write_layout
 
 # Forkserver children are forked from a server that imported these once, so each DataLoader
@@ -31,3 +32,14 @@ def make_table(tmp_path: Path) -> Callable[..., TableSpec]:
         return replace(spec, **options)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A local SeaweedFS S3 server shared by the whole session; tests make buckets of their own names."""
+    try:
+        weed_binary()
+    except FileNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    with S3Server() as server:
+        yield server

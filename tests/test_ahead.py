@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spiral_lightning import Mixture, Shuffled, TableDataset, TableSpec, WindowDataset, Windows, balanced
+from spiral_lightning.ahead import ReadAhead
 from tests.tables import BACKENDS, KEEP_TEXT, layout_table
 
 SIZES = [9000, 300, 20000, 0, 12000, 4000]
@@ -153,3 +154,18 @@ def test_many_passes_read_ahead_beside_arrow_work_never_stall(make_table: Callab
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert int(done.stdout) == 500 * 34000
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reading_ahead_reads_through_the_source_planning_opened(
+    make_table: Callable[..., TableSpec], backend: str
+) -> None:
+    # One open per process: a restored consumer's first batch pays for one table open, not two.
+    spec = make_table(SIZES, 2, backend, filter=KEEP_TEXT, columns=["id"])
+    dataset = TableDataset(spec, batch_size=1000, read_ahead=2)
+    counted = len(dataset)
+    reader = dataset.reader()
+    assert isinstance(reader, ReadAhead)
+    assert reader.source is dataset.source()
+    assert sum(len(batch["id"]) for batch in dataset) == counted
+    assert dataset.reader() is reader

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -22,7 +23,8 @@ from ray.train.torch import TorchTrainer
 
 from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
-from spiral_lightning import Shard, TableDataset, TableSpec
+from spiral_lightning import Shard, TableDataset, TableSpec, write_table
+from tests.objectstore import S3Server
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
 
 pytestmark = pytest.mark.slow
@@ -202,3 +204,23 @@ data:
     # One split of 2000 stored rows, cut in halves: rank 0 trains on ids 0-999 and rank 1 on 1000-1599,
     # and even batches hold both to 600 rows; the latest checkpoint is the epoch's end.
     assert [entry["position"]["batches"] for entry in positions["ranks"]] == [6, 6]
+
+
+def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(s3_server: S3Server, tmp_path: Path) -> None:
+    s3_server.make_bucket("ray-table")
+    store = {
+        "aws_endpoint": s3_server.endpoint,
+        "allow_http": True,
+        "aws_access_key_id": s3_server.access_key,
+        "aws_secret_access_key": s3_server.secret_key,
+    }
+    rows = pa.table({"id": list(range(TOTAL)), "x": [float(i) for i in range(TOTAL)]})
+    spec = write_table("parquet:s3://ray-table/t", rows, split_rows=300, storage_options=store)
+    assert sorted(row["id"] for row in read_table(spec.uri, storage_options=store).take_all()) == list(range(TOTAL))
+
+    out = tmp_path / "ids"
+    out.mkdir()
+    config = {"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "s3", "even": False}
+    fit(config, tmp_path / "runs", "s3")
+    for rank in range(2):
+        assert ids_of(out, "s3", rank) == rank_ids(spec, rank, 2)

@@ -15,6 +15,7 @@ from spiral_lightning.sources import parquet, sds, spiral
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.sources.protocol import ReadBatch, Reader, Source, Take
 from spiral_lightning.spec import TableSpec
+from spiral_lightning.storage import StorageOptions
 
 __all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "resolve", "version_of", "write"]
 
@@ -73,9 +74,14 @@ def open_source(spec: TableSpec) -> Source:
     return source
 
 
-def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
-    """Write ``data`` as a new table at ``uri``; the spec of the version written."""
+def write(uri: str, data: ArrowData, split_rows: int, storage_options: StorageOptions | None = None) -> TableSpec:
+    """Write ``data`` as a new table at ``uri`` (reached with ``storage_options``, which only
+    Parquet reads); the spec of the version written."""
     backend = _backend(uri)
     _claim_process()
+    if backend is parquet:
+        return parquet.write(uri, data, split_rows, storage_options)
+    if storage_options:
+        raise ValueError(f"storage_options apply to Parquet tables, not {uri!r}")
     spec: TableSpec = backend.write(uri, data, split_rows)
     return spec

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -289,6 +290,9 @@ class SdsSource:
         self._uri = spec.uri
         self._version = version(spec)
         self._dataset = _open_pinned(spec)
+        # Reads ahead run on another thread than planning, and the shard readers are not known to
+        # serve two threads at once.
+        self._reading = threading.Lock()
         first = self._dataset.record_metadata[0] if len(self._dataset) else None
         self._layout = _Layout.of(first, spec.uri)
         names = self._layout.schema.names
@@ -362,7 +366,8 @@ class SdsSource:
             kept = []
             for start in range(0, rows, _METADATA_ROWS):
                 stored = np.arange(start, min(start + _METADATA_ROWS, rows), dtype=np.int64)
-                metadata = self._dataset.record_metadata.__getitems__((stored + first).tolist())
+                with self._reading:
+                    metadata = self._dataset.record_metadata.__getitems__((stored + first).tolist())
                 keys = pa.RecordBatch.from_arrays(
                     [self._layout.column(name, metadata) for name in self._filter_columns], schema=schema
                 )
@@ -384,7 +389,8 @@ class SdsSource:
             first = self._first_ordinals[item.split]
             for start in range(0, rows.size, self._read_rows):
                 part = rows[start : start + self._read_rows]
-                records = self._dataset.__getitems__((part + first).tolist())
+                with self._reading:
+                    records = self._dataset.__getitems__((part + first).tolist())
                 last = start + self._read_rows >= rows.size
                 yield self._rows(records), index, item.end if last else int(part[-1]) + 1
 
@@ -398,7 +404,8 @@ class SdsSource:
             if self._filter is not None:
                 rows = self._kept(split)[rows]
             ordinals.extend((rows + self._first_ordinals[split]).tolist())
-        records = self._dataset.__getitems__(ordinals)
+        with self._reading:
+            records = self._dataset.__getitems__(ordinals)
         return pa.Table.from_batches([self._rows(records)], schema=self._schema)
 
 

@@ -7,6 +7,7 @@ remote tables are addressed as ``spiral://<project>/<path>[@v<version>]`` and re
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -66,6 +67,13 @@ def parse(uri: str) -> SpiralLocation:
     root, _, query = uri[len(_LOCAL) :].partition("?")
     if not root:
         raise ValueError(f"a local Spiral uri looks like 'spiral:<root folder>', not {uri!r}")
+    if "://" in root:
+        raise ValueError(
+            f"{uri!r} names a local Spiral table in {root!r}, which is not a local folder: spiral-sdk keeps local "
+            "tables only in local folders (its native layer opens file:// folders alone, and a copied table no "
+            "longer opens), so they cannot live in an object store; reach a remote Spiral table as "
+            "'spiral://<project>/<path>', or write Parquet to the store ('parquet:s3://bucket/prefix')"
+        )
     return SpiralLocation(root, None, None, *_ids(uri, query))
 
 
@@ -110,6 +118,13 @@ def version(spec: TableSpec) -> str:
     if not location.resolved:
         raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
     return f"{location.resource_id}@{location.version_id}"
+
+
+@functools.cache
+def _local_client() -> spiral.Client:
+    """This process's client of local tables: making one costs milliseconds, and every source,
+    planning's and reading's, opens its table through it."""
+    return spiral.Client.local()
 
 
 def _read_ids(root: Path) -> tuple[str, str]:
@@ -234,8 +249,7 @@ class SpiralSource:
             raise ValueError(f"{spec.uri!r} names no exact version yet; call TableSpec.resolve() first")
         self._uri = spec.uri
         self._version = version(spec)
-        table = self._open_table(location)
-        schema = table.schema()
+        table, schema = self._open_table(location)
         self._filter = _native_filter(spec.filter, schema)
         if spec.columns is not None:
             unknown = [name for name in spec.columns if name not in schema.names]
@@ -260,22 +274,24 @@ class SpiralSource:
         return None if self._projection else self._selected
 
     @staticmethod
-    def _open_table(location: SpiralLocation) -> spiral.Table:
+    def _open_table(location: SpiralLocation) -> tuple[spiral.Table, pa.Schema]:
+        """The table of ``location`` and its schema (read once: each read costs a millisecond)."""
         resource_id, version_id = location.resource_id or "", location.version_id or ""
         if location.root is None:
-            return spiral.Client().table_by_id(resource_id, version_id)
+            table = spiral.Client().table_by_id(resource_id, version_id)
+            return table, table.schema()
         root = Path(location.root)
         if not root.is_dir():
             raise FileNotFoundError(f"no Spiral table at {str(root)!r}: the folder does not exist")
         try:
-            table = spiral.Client.local().local_table(root, resource_id, version_id)
-            table.schema()
+            table = _local_client().local_table(root, resource_id, version_id)
+            schema = table.schema()
         except (spiral.SpiralError, ValueError) as error:
             raise ValueError(
                 f"cannot open version {resource_id}@{version_id} of the Spiral table at {str(root)!r}: {error}; "
                 f"check the ids (the table's own are in {IDS_FILE})"
             ) from error
-        return table
+        return table, schema
 
     @property
     def version(self) -> str:
@@ -310,7 +326,7 @@ class SpiralSource:
         positions from a filtered scan."""
         if self._filter is None:
             raise ValueError(f"the scan of {self._uri!r} has no filter; it takes positions itself")
-        table = self._open_table(parse(self._uri))
+        table, _ = self._open_table(parse(self._uri))
         rows = table.scan(self._columns(), projection=self._projection)
         return _KeptRows(table, rows, self._filter, self._scan.splits)
 
@@ -385,7 +401,7 @@ def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
         raise FileExistsError(f"{str(root)!r} is not an empty folder; write_table never overwrites, pick a new root")
     root.mkdir(parents=True, exist_ok=True)
     reader = as_reader(data)
-    writer = spiral.Client.local().create_local_table(root, reader.schema)
+    writer = _local_client().create_local_table(root, reader.schema)
     for split in chunks(reader, split_rows):
         writer.append(_bounded(split))
     table = writer.finish()

@@ -1,0 +1,83 @@
+"""A local folder of bytes fetched from an object store, within a byte budget, least recently used
+dropped first, so later epochs read local disk instead of the network.
+
+An entry is the bytes of one row group's column chunks, named by a digest of the file version
+they belong to (path, size, modification time, entity tag), the row group and the columns. A
+file rewritten in the store is a new version with new names, so an entry never serves bytes of
+another version. Every process of a job may share one folder: entries are written to a temporary
+name and renamed into place, and a reader whose entry was dropped meanwhile fetches again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+
+#: The suffix of a complete entry; temporary files being written have another.
+_SUFFIX = ".bytes"
+
+
+class ByteCache:
+    """Entries in ``folder``, at most ``max_bytes`` of them together (an entry larger than the
+    budget is never kept). Reading an entry marks it recently used."""
+
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"a cache's byte budget is a positive int, not {max_bytes!r}")
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"cannot use {str(self.folder)!r} as a cache folder: {error}") from error
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        """The entry name for ``parts`` (any values with a stable ``repr``)."""
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> pa.Buffer | None:
+        """The bytes kept under ``key``, mapped into memory (pages load as they are read, and stay
+        readable after the entry is dropped), or ``None``."""
+        path = self.folder / f"{key}{_SUFFIX}"
+        try:
+            mapped = pa.memory_map(str(path))
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        data: pa.Buffer = mapped.read_buffer()
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        """Keep ``data`` under ``key``, then drop the least recently used entries over the budget."""
+        if len(data) > self.max_bytes:
+            return
+        handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".partial")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            os.replace(temporary, self.folder / f"{key}{_SUFFIX}")
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        self._trim()
+
+    def _trim(self) -> None:
+        entries = []
+        for entry in os.scandir(self.folder):
+            if entry.name.endswith(_SUFFIX):
+                try:
+                    stat = entry.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((stat.st_mtime_ns, stat.st_size, entry.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                return
+            Path(path).unlink(missing_ok=True)
+            total -= size

