@@ -118,11 +118,18 @@ def _list_files(uri: str, location: Location) -> list[pafs.FileInfo]:
             found = filesystem.get_file_info(pafs.FileSelector(base, recursive=True))
             infos = [info for info in found if info.type == pafs.FileType.File and fnmatch.fnmatch(info.path, path)]
     else:
-        info = filesystem.get_file_info(path)
+        # A store answers "is it a folder?" with a HEAD and a listing: listing the prefix first
+        # costs one request for a folder, and a HEAD more only for a single file.
+        found = (
+            filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+            if location.remote
+            else []
+        )
+        info = pafs.FileInfo(path, pafs.FileType.Directory) if found else filesystem.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"no Parquet file or folder at {path!r} (from {uri!r})")
         if info.type == pafs.FileType.Directory:
-            found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+            found = found or filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
             infos = [
                 entry
                 for entry in found
