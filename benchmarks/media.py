@@ -15,7 +15,7 @@ its label, through ``DataLoader(batch_size=64)``.
 
 Videos: ``--videos`` H.264 MP4s (libx264, ``--frames`` frames of 128x96 at 25 fps, moving
 content) ingested with ``ingest_videos`` the same two ways. TableDataset decodes
-``Video("video", frames=FrameSlice(0, 16, 2), size=(64, 48))``; the plain ``Dataset`` opens each
+``Video("video", frames=FrameSlice(0, 16, 2), size=(48, 64))``; the plain ``Dataset`` opens each
 file with PyAV, decodes frames in order, keeps frames 0, 2, ..., 14 resized to 64x48 RGB (by
 FFmpeg's scaler, bilinear, as the projection does), stops after frame 14 and stacks them into a
 ``[8, 48, 64, 3]`` uint8 tensor. Both go in batches of ``--clip-batch-size`` (8).
@@ -61,7 +61,7 @@ from spiral_lightning.media import FrameSlice, Image, Video
 WORKERS = 2
 CONTEXT = "forkserver"
 IMAGE_SIZE = (64, 64)
-CLIP_SIZE = (64, 48)
+CLIP_SIZE = (48, 64)
 CLIP_FRAMES = range(0, 16, 2)
 #: The tables each folder is ingested as, by uri scheme.
 SCHEMES = {"spiral": "Spiral", "parquet": "Parquet"}
@@ -130,7 +130,7 @@ class FolderImages(Dataset[dict[str, Any]]):
     def __getitem__(self, index: int) -> dict[str, Any]:
         path, label = self.files[index]
         with PILImage.open(path) as image:
-            rgb = image.convert("RGB").resize(IMAGE_SIZE, PILImage.Resampling.BILINEAR)
+            rgb = image.convert("RGB").resize(IMAGE_SIZE[::-1], PILImage.Resampling.BILINEAR)
         pixels = torch.from_numpy(np.array(rgb)).permute(2, 0, 1).to(torch.float32) / 255
         return {"label": label, "image": pixels}
 
@@ -146,7 +146,7 @@ class FolderClips(Dataset[dict[str, Any]]):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         path, label = self.files[index]
-        width, height = CLIP_SIZE
+        height, width = CLIP_SIZE
         kept: list[np.ndarray[Any, Any]] = []
         with av.open(str(path)) as container:
             for number, frame in enumerate(container.decode(video=0)):

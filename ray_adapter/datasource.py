@@ -18,7 +18,7 @@ from ray.data.block import BlockMetadata
 
 from spiral_lightning.sources import open_source
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.work import Policy, Shard, Split, WorkItem, stripe
+from spiral_lightning.work import Policy, Shard, Split, WorkItem, as_policy, stripe
 
 #: Bytes per row guessed for each column whose width the schema does not fix (strings, binary,
 #: ragged lists): only the planner's size estimate uses it, never a read.
@@ -58,7 +58,12 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
     """
 
     def __init__(
-        self, spec: TableSpec | str, *, policy: Policy = stripe, shard: Shard | None = None, epoch: int = 0
+        self,
+        spec: TableSpec | str,
+        *,
+        policy: Policy | str = stripe,
+        shard: Shard | None = None,
+        epoch: int = 0,
     ) -> None:
         super().__init__()
         self.spec = as_spec(spec).resolve()
@@ -71,7 +76,7 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
         source = open_source(self.spec)
         self.schema: pa.Schema = source.schema
         splits = {split.id: split for split in source.splits}
-        self.items = policy(source.splits, self.shard, epoch)
+        self.items = as_policy(policy)(source.splits, self.shard, epoch)
         self._rows = [_rows(splits[item.split], item) for item in self.items]
         # Without a filter every stored row is returned, so a task's rows are known exactly.
         self._exact = self.spec.filter is None
@@ -155,7 +160,7 @@ def _type_bytes(kind: pa.DataType) -> int:
 def read_table(
     spec: TableSpec | str,
     *,
-    policy: Policy = stripe,
+    policy: Policy | str = stripe,
     shard: Shard | None = None,
     epoch: int = 0,
     storage_options: Mapping[str, Any] | None = None,

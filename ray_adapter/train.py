@@ -9,6 +9,8 @@ position; the next ``train_loader`` of a restarted run reads its own file back.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,12 +21,14 @@ import torch
 import torch.distributed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, even_note
 from spiral_lightning.frames import Last
 from spiral_lightning.loader import consumer_states
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import to_torch
-from spiral_lightning.work import Policy, stripe
+from spiral_lightning.work import Policy
+
+_log = logging.getLogger(__name__)
 
 #: The version of the dictionary ``save_loader_state`` writes.
 STATE_FORMAT = 1
@@ -47,7 +51,7 @@ def train_loader(
     *,
     batch_size: int,
     num_workers: int = 0,
-    policy: Policy = stripe,
+    policy: Policy | str = "balanced",
     last: Last = "keep_partial",
     collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
     rows_per_consumer: int | None = None,
@@ -74,7 +78,10 @@ def train_loader(
     With ``even_batches`` and more than one rank, every consumer of every rank reads the same
     number of rows in each epoch (``TableDataset.even_rows``, at most ``rows_per_consumer``), so
     ranks that synchronize every step (DDP) take the same number of steps instead of one waiting
-    forever; the rows past the quota are left out of that epoch. ``even_batches=False`` reads
+    forever; the rows past the quota are left out of that epoch, and rank 0 logs how many at the
+    start of every epoch, with a warning when that is more than a batch per consumer. The default
+    policy ``"balanced"`` gives every consumer the same stored rows, so it leaves out at most one
+    row per consumer (more only under a filter that keeps unevenly); ``even_batches=False`` reads
     every row, in batch counts that may differ between ranks.
     """
     context = ray.train.get_context()
@@ -115,8 +122,15 @@ class _EvenLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
 
     def __iter__(self) -> Any:
         dataset: TableDataset = self.dataset
-        quota, _ = dataset.even_rows(self.num_workers)
+        quota, left_out = dataset.even_rows(self.num_workers)
         dataset.set_rows_per_consumer(quota if self._limit is None else min(quota, self._limit))
+        if dataset.rank == 0:
+            consumers = dataset.world_size * max(1, self.num_workers)
+            note, warn = even_note(dataset.epoch, consumers, quota, left_out, dataset.batch_size)
+            if warn:
+                warnings.warn(f"train_loader: {note}", stacklevel=2)
+            else:
+                _log.info("train_loader: %s", note)
         return super().__iter__()
 
 

@@ -5,10 +5,11 @@ from typing import TYPE_CHECKING, Any
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.loader import SpiralLoader
 from spiral_lightning.mapstyle import TableMapDataset
+from spiral_lightning.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
 from spiral_lightning.mixture import Mixture
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
-from spiral_lightning.tensors import to_torch
+from spiral_lightning.tensors import NullError, Nulls, to_torch
 from spiral_lightning.transfer import send_by_name
 from spiral_lightning.windows import WindowDataset, Windows
 from spiral_lightning.work import Policy, Shard, Shuffled, Split, WorkItem, balanced, stripe
@@ -19,7 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cursor",
+    "FrameIndices",
+    "FrameNeighborhood",
+    "FrameSlice",
+    "FrameTimes",
+    "Image",
     "Mixture",
+    "NullError",
+    "Nulls",
     "Policy",
     "Shard",
     "Shuffled",
@@ -30,6 +38,7 @@ __all__ = [
     "TableDataset",
     "TableMapDataset",
     "TableSpec",
+    "Video",
     "WindowDataset",
     "Windows",
     "WorkItem",

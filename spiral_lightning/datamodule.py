@@ -4,32 +4,31 @@ checkpoint and equal batches on every rank."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import multiprocessing
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch.distributed
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import default_collate
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead, even_note
 from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.mapstyle import TableMapDataset
+from spiral_lightning.sources import open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.transfer import send_by_name
-from spiral_lightning.work import Policy, Shuffled, balanced, stripe
+from spiral_lightning.work import Policy, as_policy
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
 STATE_FORMAT = 1
 
 #: The stages a DataModule serves, each read from its own table.
 Stage = Literal["train", "val", "test", "predict"]
-
-#: Policies YAML can name without an import path.
-POLICIES: dict[str, Policy] = {"balanced": balanced, "stripe": stripe}
 
 _STAGES: dict[str, tuple[Stage, ...]] = {
     "fit": ("train", "val"),
@@ -65,6 +64,9 @@ class SpiralDataModule(pl.LightningDataModule):
 
     Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
 
+    ``transform`` is called on each batch of every stage, after decoding, in the DataLoader
+    worker that reads it (see ``TableDataset``); under ``access="map"``, on each collated batch.
+
     ``storage_options`` reach Parquet tables in an object store, for every stage (see
     ``TableSpec``); keep secrets in the environment rather than in a YAML file, which
     LightningCLI copies into the run's folder.
@@ -94,6 +96,7 @@ class SpiralDataModule(pl.LightningDataModule):
         access: Literal["iterable", "map"] = "iterable",
         read_ahead: int = DEFAULT_READ_AHEAD,
         storage_options: dict[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -121,7 +124,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 self.tables[stage] = _with_options(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.policy = Shuffled(seed=seed) if policy == "shuffled" else resolve_policy(policy)
+        self.policy = as_policy(policy, seed)
         self.last: Last = last
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -136,6 +139,19 @@ class SpiralDataModule(pl.LightningDataModule):
             raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
         self.access = access
         self.seed = seed
+        self.transform = transform
+        # Lightning warns that any IterableDataset's length "could be inaccurate" with workers; a
+        # SpiralLoader's length is the rank's exact batch count, so the warning would only mislead.
+        warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
+        for spec in self.tables.values():
+            # Opened once here, in the process that builds the DataModule, so an unknown column,
+            # media column or filter fails now rather than inside a rank or a DataLoader worker. A
+            # table not written yet is left to prepare_data, Lightning's place for writing it;
+            # setup opens it in the main process of each rank before any worker starts.
+            try:
+                open_source(spec.resolve())
+            except FileNotFoundError:
+                continue
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
         self._train_loader: SpiralLoader | None = None
@@ -160,6 +176,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 rank=rank,
                 world_size=world_size,
                 read_ahead=self.read_ahead,
+                transform=self.transform,
             )
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
@@ -244,6 +261,7 @@ class SpiralDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=self.last == "require_full",
+            collate_fn=None if self.transform is None else _TransformedCollate(self.transform),
             **self._options(),
         )
         restored, self._restored = self._restored, None
@@ -302,11 +320,9 @@ class SpiralDataModule(pl.LightningDataModule):
             quota, dropped = dataset.even_rows(self.num_workers)
             if quota != dataset.rows_per_consumer:
                 dataset.set_rows_per_consumer(quota)
-                rank_zero_info(
-                    f"SpiralDataModule: even batches in epoch {epoch}: every one of the "
-                    f"{dataset.world_size * max(1, self.num_workers)} training consumers reads {quota} rows; "
-                    f"{dropped} rows are left out this epoch (even_batches=False keeps them, with unequal batches)"
-                )
+            consumers = dataset.world_size * max(1, self.num_workers)
+            note, warn = even_note(epoch, consumers, quota, dropped, self.batch_size)
+            (rank_zero_warn if warn else rank_zero_info)(f"SpiralDataModule: {note}")
         return dataset.batches(self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
@@ -389,26 +405,15 @@ def _consumers(state: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def resolve_policy(policy: str | Policy) -> Policy:
-    """The policy function ``policy`` names: a known name, ``"module.function"``, or the function."""
-    if not isinstance(policy, str):
-        return policy
-    if policy in POLICIES:
-        return POLICIES[policy]
-    module, _, name = policy.rpartition(".")
-    found: Any = None
-    if module:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            found = None
-    if not callable(found):
-        raise ValueError(
-            f"unknown policy {policy!r}; name one of {[*sorted(POLICIES), 'shuffled']} "
-            "or a function as 'module.function'"
-        )
-    policy_function: Policy = found
-    return policy_function
+class _TransformedCollate:
+    """torch's default collate, then a DataModule's ``transform`` on the batch: what a worker
+    does with the rows a sampler drew under ``access="map"`` (a class, so that it pickles)."""
+
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
+        self.transform = transform
+
+    def __call__(self, rows: list[Any]) -> Any:
+        return self.transform(default_collate(rows))
 
 
 def _with_options(spec: TableSpec, columns: Sequence[str] | None, filter: Any) -> TableSpec:

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.ahead import ReadAhead
 from spiral_lightning.elastic import remainder, share
@@ -19,10 +20,10 @@ from spiral_lightning.shuffle import shuffled_chunks
 from spiral_lightning.sources import Reader, Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
-from spiral_lightning.tensors import BatchSlices, to_torch
+from spiral_lightning.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.watchdog import watch
-from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, fingerprint, policy_name, stripe
+from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, as_policy, fingerprint, policy_name, stripe
 
 #: Read batches a ``TableDataset`` reads ahead of its consumer by default (see ``read_ahead``).
 DEFAULT_READ_AHEAD = 2
@@ -34,19 +35,39 @@ def check_read_ahead(read_ahead: int) -> None:
         raise ValueError(f"read_ahead must be a non-negative int (0 reads in line), not {read_ahead!r}")
 
 
+def even_note(epoch: int, consumers: int, quota: int, left_out: int, batch_size: int | None) -> tuple[str, bool]:
+    """What even batches do to an epoch, in one line to log on rank 0, and whether it is worth a
+    warning: more rows left out than one batch per consumer (a policy that shares rows unevenly,
+    such as ``stripe`` on splits of unequal size, or a filter that keeps unevenly)."""
+    note = (
+        f"even batches in epoch {epoch}: each of the {consumers} consumers reads {quota} rows, "
+        f"leaving out {left_out} rows of this epoch"
+    )
+    if left_out <= consumers * (batch_size or 1):
+        return note, False
+    return (
+        f"{note}, more than a batch per consumer; the policy 'balanced' shares stored rows equally, "
+        "and even_batches=False reads every row in batch counts that may differ between ranks",
+        True,
+    )
+
+
 class TableDataset(IterableDataset[Any]):
     """The rows of one table version, each consumer reading only its own work list.
 
-    A consumer is a DataLoader worker on one rank; ``policy`` gives its work list, by default
-    ``stripe``. Each consumer cuts its rows into frames of ``batch_size`` rows (read batches as
-    they come when ``None``); ``last`` decides the rows after its last full frame. ``collate``
+    A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
+    ``as_policy``) gives its work list, by default ``stripe``. Each consumer cuts its rows into
+    frames of ``batch_size`` rows (read batches as they come when ``None``); ``last`` decides
+    the rows after its last full frame. ``collate``
     turns each frame into what the dataset yields: tensors by default, the Arrow batch when
     ``None``. The spec's media projections then decode their columns; rows dropped by
     ``on_error="skip"`` make their batch shorter and are counted in ``skipped`` and the state.
     ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
-    work list and drops the rest, so consumers with unequal shares yield equal batches. Use it
-    with ``DataLoader(batch_size=None)``; workers need ``multiprocessing_context="forkserver"``
-    or ``"spawn"`` once the parent has read a table.
+    work list and drops the rest, so consumers with unequal shares yield equal batches. Read it
+    through ``loader()``, or a ``DataLoader(batch_size=None)`` whose workers start by
+    ``"forkserver"`` or ``"spawn"``: the dataset opens its table when built, in the building
+    process, so that a bad column, filter or policy fails there, and a process that opened a
+    table cannot fork.
 
     ``set_epoch`` and ``set_rows_per_consumer`` reach DataLoader workers that are already running
     (``persistent_workers=True``): both settings live in a small shared-memory tensor that the
@@ -57,6 +78,10 @@ class TableDataset(IterableDataset[Any]):
     line); it changes no row, order or state.
 
     ``storage_options`` reach a Parquet table in an object store (see ``TableSpec``).
+
+    ``transform`` is called on each batch after collating and decoding, in the process that reads
+    (a DataLoader worker), and what it returns is yielded: per-batch augmentation or tokenizing,
+    run in parallel by the workers. It must pickle (a module-level function or class).
 
     Rank and world size come from the arguments, else from ``torch.distributed`` when it is
     initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
@@ -74,13 +99,14 @@ class TableDataset(IterableDataset[Any]):
         *,
         batch_size: int | None = None,
         last: Last = "keep_partial",
-        policy: Policy = stripe,
+        policy: Policy | str = stripe,
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         rows_per_consumer: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
         storage_options: Mapping[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -101,8 +127,9 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
         self.batch_size = batch_size
         self.last: Last = last
-        self.policy = policy
+        self.policy = as_policy(policy)
         self.collate = collate
+        self.transform = transform
         self.read_ahead = read_ahead
         # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
         # memory (torch pickles tensors for worker processes by handle), so settings made here
@@ -122,6 +149,10 @@ class TableDataset(IterableDataset[Any]):
         self._owner_pid: int | None = None
         self._counts: dict[str, int] = {}
         self.set_rows_per_consumer(rows_per_consumer)
+        # Opened here, in the process that builds the dataset, so an unknown column, media column
+        # or filter fails now rather than later inside a DataLoader worker.
+        self.source()
+        check_nulls(Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -182,6 +213,18 @@ class TableDataset(IterableDataset[Any]):
                     "so last='require_full' would fail on every consumer; round the quota down to a multiple"
                 )
         self._settings[1] = -1 if rows is None else rows
+
+    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+        """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as
+        they are (``batch_size=None``; a DataLoader ``batch_size`` would stack them into
+        ``[batch_size, rows, ...]`` tensors), ``num_workers`` workers started by ``forkserver``,
+        persistent and sending batches by shared-memory name, and ``len`` in batches. ``options``
+        go to the loader and override these (``persistent_workers=False``, ``pin_memory=True``)."""
+        # Imported here: the loader module builds on this one.
+        from spiral_lightning.loader import TableLoader, loader_options
+
+        loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options))
+        return loader
 
     def source(self) -> Source:
         """The table version opened in this process (opened on first use)."""
@@ -345,33 +388,47 @@ class TableDataset(IterableDataset[Any]):
         frames = self._frames(self.reader(), items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
-        collate = self._collate()
+        collate = self._collate(shard)
         for frame, after in frames:
             self._cursor = after
             first_row = self._delivered
             self._delivered += frame.num_rows
             if collate is None:
-                yield frame.rows()
+                batch = frame.rows()
             elif not self.spec.media:
-                yield handed_on(collate(frame))
+                batch = collate(frame, first_row)
             else:
-                yield handed_on(self._decode(collate(frame), shard, first_row))
+                batch = self._decode(collate(frame, first_row), shard, first_row)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            yield batch if collate is None else handed_on(batch)
 
-    def _collate(self) -> Callable[[Frame], Any] | None:
-        """How this pass turns a frame into what it yields (``None``: the frame's record batch)."""
+    def _collate(self, shard: Shard) -> Callable[[Frame, int], Any] | None:
+        """How this pass turns a frame, whose first row is row ``first_row`` of the consumer's
+        stream, into what it yields (``None``: the frame's record batch); a null that the spec's
+        ``null_fill`` and ``null_mask`` leave raises naming the table, consumer and row."""
         collate = self.collate
         if collate is None:
             return None
-        if collate is not to_torch:
-            return lambda frame: collate(frame.rows())
+        nulls = Nulls(self.spec.null_fill, self.spec.null_mask)
         # Most frames are one slice of one read batch; converting each read batch once and slicing
         # its tensors costs a fraction of converting every frame.
-        slices = BatchSlices()
+        slices = BatchSlices(nulls)
 
-        def convert(frame: Frame) -> Any:
+        def rows(frame: Frame) -> Any:
+            if collate is not to_torch:
+                return collate(frame.rows())
             if len(frame.parts) == 1:
                 return slices(*frame.parts[0])
-            return to_torch(frame.rows())
+            return to_torch(frame.rows(), nulls)
+
+        table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
+
+        def convert(frame: Frame, first_row: int) -> Any:
+            try:
+                return rows(frame)
+            except NullError as error:
+                raise error.located(f"{table}, {Where(table, first_row).name(error.position)}") from None
 
         return convert
 

@@ -78,7 +78,7 @@ class ImageDemoModel(pl.LightningModule):
 class ImageDemoDataModule(SpiralDataModule):
     """The ingested image table at ``table`` (a local Spiral table, or ``parquet:`` folder),
     made by ``prepare_data`` from the synthetic folder ``folder`` when missing. Images arrive
-    resized to ``size`` (width, height) as ``[B, 3, H, W]`` float32 in ``[0, 1]``; files named
+    resized to ``size`` (height, width) as ``[B, 3, H, W]`` float32 in ``[0, 1]``; files named
     ``val-*`` validate. Other arguments are ``SpiralDataModule``'s."""
 
     def __init__(

@@ -87,8 +87,27 @@ def parse(text: str) -> Filter:
     try:
         tree = sqlglot.parse_one(text)
     except sqlglot.errors.SqlglotError as error:
-        raise ValueError(f"cannot parse the filter {text!r}: {error}") from None
+        raise ValueError(f"cannot parse the filter {text!r}: {_fault(error)}; {_LANGUAGE}") from None
     return _node(tree, text)
+
+
+#: What the filter language has, for errors.
+_LANGUAGE = (
+    "a filter compares columns with literals (x < 5, name = 'cat') and joins them with AND, OR, NOT, IN (...), "
+    "BETWEEN, IS [NOT] NULL and LIKE"
+)
+
+
+def _fault(error: sqlglot.errors.SqlglotError) -> str:
+    """Where the parser stopped, in the words of the filter rather than of the parser's classes."""
+    if isinstance(error, sqlglot.errors.ParseError) and error.errors:
+        first = error.errors[0]
+        where = f"at column {first.get('col')}"
+        word = first.get("highlight") or ""
+        if str(first.get("description", "")).startswith("Required keyword"):
+            return f"{word!r} {where} has nothing to compare or join after it"
+        return f"{first.get('description')} near {word!r} {where}"
+    return "a quote is not closed, or a character is not part of the language"
 
 
 def _node(node: sql.Expr, text: str) -> Filter:

@@ -7,6 +7,7 @@ rank on resume. The DataModule saves and restores each rank's real position inst
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -14,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.dataset import TableDataset
 from spiral_lightning.mapstyle import TableMapDataset
+from spiral_lightning.transfer import send_by_name
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
@@ -144,3 +146,40 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
                 "this checkpoint's fit-loop loader state was not written by a SpiralDataModule, so it "
                 "may hold rank 0's position only; resume from a checkpoint saved with SpiralDataModule"
             )
+
+
+def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataLoader settings a table reads right with, under ``options`` the caller gives:
+    ``forkserver`` workers (a parent that opened a table cannot fork), persistent so that start-up
+    is paid once, sending their batches by shared-memory name (see ``send_by_name``)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+    settings: dict[str, Any] = {"num_workers": num_workers}
+    if num_workers:
+        # Workers fork from a server that imported these once, so each starts in milliseconds.
+        multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning"])
+        settings["multiprocessing_context"] = "forkserver"
+        settings["persistent_workers"] = True
+    settings.update(options)
+    if settings.get("persistent_workers") and "worker_init_fn" not in options:
+        settings["worker_init_fn"] = send_by_name
+    return settings
+
+
+class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """The ``StatefulDataLoader`` of a ``TableDataset``, made by ``TableDataset.loader``: it hands
+    on the dataset's own batches (``batch_size=None``), and ``len`` is the exact number of batches
+    in the dataset's current epoch, not its rows."""
+
+    def __init__(self, dataset: TableDataset, **options: Any) -> None:
+        if options.get("batch_size") is not None:
+            raise ValueError(
+                "a TableDataset cuts its own batches (TableDataset(batch_size=...)); a DataLoader batch_size would "
+                "stack them into [batch_size, rows, ...] tensors"
+            )
+        options.pop("batch_size", None)
+        super().__init__(dataset, batch_size=None, **options)
+        self.table = dataset
+
+    def __len__(self) -> int:
+        return self.table.batches(self.num_workers)

@@ -13,12 +13,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.distributed
 from torch.utils.data import Dataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from spiral_lightning.media import Where, left_to_decode, project
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.tensors import to_torch
+from spiral_lightning.tensors import NullError, Nulls, check_nulls, to_torch
 from spiral_lightning.work import WorkItem
 
 #: One row as ``TableMapDataset`` returns it: each column's value by column name.
@@ -34,8 +37,10 @@ class TableMapDataset(Dataset[Any]):
     A row number (an index) counts the rows the scan returns, split after split, so index ``i``
     is the ``i``-th row a full scan of the same spec reads. ``dataset[i]`` is a row: a dict with
     one value per column, a tensor (``[]`` for a scalar column, ``[4]`` for a ``float32[4]``
-    column) or a Python value for strings, binary, ragged lists and nulls, as ``to_torch`` makes
-    them. Tensors are copies that belong to the row, so ``transform(row)`` may modify them in
+    column) or a Python value for strings, binary and ragged lists (``None`` for a null), as
+    ``to_torch`` makes them with the spec's ``null_fill`` and ``null_mask`` (a ``[]`` bool
+    ``<column>_valid``), so torch's default collate stacks every numeric column; an unhandled null
+    raises naming its index. Tensors are copies that belong to the row, so ``transform(row)`` may modify them in
     place. The spec's media projections decode their columns as in ``TableDataset``, one image
     or clip per row (``[3, H, W]`` for ``Image(layout="CHW")``); a value that does not decode
     raises ``DecodeError`` naming its index. ``on_error="skip"`` is refused: every index must
@@ -82,6 +87,10 @@ class TableMapDataset(Dataset[Any]):
         self._ends: np.ndarray | None = None
         self._opened = threading.local()
         self._pool: tuple[int, int, ThreadPoolExecutor] | None = None
+        # Opened here, in the process that builds the dataset, so an unknown column, media column
+        # or filter fails now rather than later inside a DataLoader worker.
+        self.source()
+        check_nulls(Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -92,6 +101,30 @@ class TableMapDataset(Dataset[Any]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._opened = threading.local()
+
+    def loader(
+        self, batch_size: int, num_workers: int = 0, *, shuffle: bool = False, seed: int = 0, **options: Any
+    ) -> StatefulDataLoader:
+        """A ``StatefulDataLoader`` of ``batch_size`` rows per batch (stacked by torch's default
+        collate), this rank's share of the indices drawn by torchdata's
+        ``StatefulDistributedSampler`` (rank and world size from ``torch.distributed`` when it is
+        initialized; a new order each epoch with ``shuffle``, set by ``loader.sampler.set_epoch``),
+        read by ``num_workers`` workers started by ``forkserver``, persistent and sending batches by
+        shared-memory name. ``options`` go to the loader and override these."""
+        # Imported here: the loader module builds on this one.
+        from spiral_lightning.loader import loader_options
+
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sampler = StatefulDistributedSampler(
+            self,
+            num_replicas=torch.distributed.get_world_size() if distributed else 1,
+            rank=torch.distributed.get_rank() if distributed else 0,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        settings = loader_options(num_workers, options)
+        loader: StatefulDataLoader = StatefulDataLoader(self, batch_size=batch_size, sampler=sampler, **settings)
+        return loader
 
     def source(self) -> Source:
         """The table version opened in this thread of this process (opened on first use).
@@ -151,7 +184,12 @@ class TableMapDataset(Dataset[Any]):
         # permutation restores request order, and torch's gather copies tensors out of Arrow.
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
-        converted = to_torch(batch)
+        try:
+            converted = to_torch(batch, Nulls(self.spec.null_fill, self.spec.null_mask))
+        except NullError as error:
+            # Row k of the batch answers index wanted[order[k]].
+            index = int(wanted[order[error.position]])
+            raise error.located(f"{self.spec.uri}, index {index}") from None
         media = left_to_decode(self.spec.media, source.decoded)
         if media:
             # Decoded together, as one batch converts cheaper than rows one by one; a row that

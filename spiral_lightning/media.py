@@ -6,8 +6,8 @@ videos and the tensor each row decodes to. ``decode_image`` and ``decode_clip`` 
 the CPU in the process that reads: Pillow for images (resized by torch), FFmpeg through PyAV for
 video.
 
-Sizes are ``(width, height)`` everywhere, the order of Pillow's ``Image.size`` and of Spiral's
-``spql.image.resize``; tensors still put height before width.
+Sizes are ``(height, width)`` everywhere, torchvision's order and that of the tensors'
+dimensions; Pillow and Spiral take width first, so the calls into them swap the pair.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def _size(name: str, value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2:
-        raise ValueError(f"{name} must be (width, height), not {value!r}")
-    return (_int(f"{name} width", value[0], 1), _int(f"{name} height", value[1], 1))
+        raise ValueError(f"{name} must be (height, width), not {value!r}")
+    return (_int(f"{name} height", value[0], 1), _int(f"{name} width", value[1], 1))
 
 
 def _check_pixels(kind: str, dtype: Any, normalize: Any) -> None:
@@ -152,9 +152,9 @@ def _check_pixels(kind: str, dtype: Any, normalize: Any) -> None:
 class Image:
     """Decode ``column``'s encoded images (JPEG, PNG, anything Pillow reads) into RGB tensors.
 
-    ``size`` is ``(width, height)``: every image is resized to exactly that (bilinear with
-    antialiasing, aspect ratio not kept), so a batch stacks into one tensor; ``None`` keeps each
-    image's own size.
+    ``size`` is ``(height, width)``, as in torchvision: every image is resized to exactly that
+    (bilinear with antialiasing, aspect ratio not kept), so a batch stacks into one tensor;
+    ``None`` keeps each image's own size.
     ``layout`` orders height, width and channels. ``dtype="uint8"`` keeps values 0..255;
     ``"float32"`` converts them, and ``normalize`` then maps them: ``"unit"`` to 0..1,
     ``"imagenet"`` to 0..1 less ImageNet's channel means, divided by its standard deviations.
@@ -178,7 +178,7 @@ class Image:
         """The shape of every decoded image, known when ``size`` is set."""
         if self.size is None:
             return None
-        width, height = self.size
+        height, width = self.size
         return (height, width, 3) if self.layout == "HWC" else (3, height, width)
 
 
@@ -228,7 +228,7 @@ class Video:
         length = self.length
         if self.size is None or length is None:
             return None
-        width, height = self.size
+        height, width = self.size
         return (length, height, width, 3) if self.layout == "THWC" else (length, 3, height, width)
 
 
@@ -280,25 +280,25 @@ def _image_pixels(data: bytes, spec: Image) -> np.ndarray[Any, Any]:
     try:
         with PILImage.open(io.BytesIO(data)) as image:
             if spec.size is not None:
-                image.draft("RGB", spec.size)
+                height, width = spec.size
+                image.draft("RGB", (width, height))  # Pillow's sizes are (width, height)
             rgb = image.convert("RGB")
         pixels = np.array(rgb)
     except _IMAGE_ERRORS as error:
         raise DecodeError(f"not a readable image ({_reason(error)})") from error
-    if spec.size is None or rgb.size == spec.size:
+    if spec.size is None or pixels.shape[:2] == spec.size:
         return pixels
     return _resize(pixels, spec.size)
 
 
 def _resize(pixels: np.ndarray[Any, Any], size: tuple[int, int]) -> np.ndarray[Any, Any]:
-    """``[H, W, 3]`` uint8 pixels resized to ``size`` (width, height), bilinear with antialiasing.
+    """``[H, W, 3]`` uint8 pixels resized to ``size`` (height, width), bilinear with antialiasing.
 
     torch's uint8 kernel computes Pillow's ``BILINEAR`` resampling to within one level per pixel
     in about half of Pillow's time.
     """
-    width, height = size
     image = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
-    resized = F.interpolate(image, size=(height, width), mode="bilinear", antialias=True, align_corners=False)
+    resized = F.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
     return resized[0].permute(1, 2, 0).numpy()
 
 
@@ -391,7 +391,7 @@ def _decode(stream: av.VideoStream, index: _Index, wanted: list[int], spec: Vide
     for position, candidate in enumerate(index.packets):
         if candidate.is_keyframe and candidate.pts is not None and candidate.pts <= first:
             start = position
-    width, height = spec.size if spec.size is not None else (None, None)
+    height, width = spec.size if spec.size is not None else (None, None)
     context = stream.codec_context
     scaler = _scaler()
     pixels: dict[int, np.ndarray[Any, Any]] = {}

@@ -195,7 +195,7 @@ class Mixture(IterableDataset[Any]):
         seed: int = 0,
         columns: Sequence[str] | None = None,
         stop: Stop = "first_exhausted",
-        policy: Policy = stripe,
+        policy: Policy | str = stripe,
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
@@ -234,18 +234,23 @@ class Mixture(IterableDataset[Any]):
         # The epoch, shared with the copies pickled for workers like TableDataset's settings, so
         # set_epoch reaches persistent workers.
         self._epoch = torch.zeros(1, dtype=torch.int64)
-        self.tables = tuple(
-            TableDataset(
-                spec,
-                batch_size=batch_size,
-                policy=policy,
-                rank=rank,
-                world_size=world_size,
-                collate=collate,
-                read_ahead=read_ahead,
-            )
-            for spec in specs
-        )
+        opened: list[TableDataset] = []
+        for index, spec in enumerate(specs):
+            try:
+                opened.append(
+                    TableDataset(
+                        spec,
+                        batch_size=batch_size,
+                        policy=policy,
+                        rank=rank,
+                        world_size=world_size,
+                        collate=collate,
+                        read_ahead=read_ahead,
+                    )
+                )
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({spec.uri}): {error}") from error
+        self.tables = tuple(opened)
         for dataset in self.tables:
             # Each consumer moves its own tables through their passes, so a worker's tables must
             # not share their epochs with the other workers' (as a TableDataset pickled alone does).

@@ -53,6 +53,12 @@ class TableSpec:
     fetched as a few coalesced range reads on a small pool of threads. With ``cache_dir`` (and
     its budget ``cache_bytes``) the bytes fetched are kept in that local folder, least recently
     used dropped first, so later passes over the same version read local disk.
+
+    Numeric, boolean and fixed-size-list columns always become tensors, so their nulls need a
+    decision: ``null_fill`` gives the value a column's nulls become, and each column of
+    ``null_mask`` also gets a ``[rows]`` bool tensor ``<column>_valid``, True where the row has a
+    value (0 / False in its null rows unless filled). A null in any other such column raises,
+    naming the column and row; the datasets refuse unknown columns when they are built.
     """
 
     uri: str
@@ -65,6 +71,8 @@ class TableSpec:
     cache_dir: str | None = None
     cache_bytes: int | None = None
     prefetch: int = DEFAULT_PREFETCH
+    null_fill: Mapping[str, int | float | bool] | None = None
+    null_mask: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
@@ -104,6 +112,17 @@ class TableSpec:
             from spiral_lightning.filters import parse
 
             parse(self.filter)
+        if self.null_fill is not None:
+            fill: Any = self.null_fill
+            if not isinstance(fill, Mapping) or not all(
+                isinstance(name, str) and isinstance(value, int | float) for name, value in fill.items()
+            ):
+                raise TypeError(f"null_fill must map column names to numbers or bools, not {fill!r}")
+            object.__setattr__(self, "null_fill", dict(fill) or None)
+        mask: Any = self.null_mask
+        if isinstance(mask, str) or not isinstance(mask, Sequence) or not all(isinstance(name, str) for name in mask):
+            raise TypeError(f"null_mask must be a list of column names, not {mask!r}")
+        object.__setattr__(self, "null_mask", tuple(mask))
 
     @property
     def scheme(self) -> str:

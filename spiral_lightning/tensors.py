@@ -3,15 +3,80 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.utils.dlpack import from_dlpack
 
 #: What ``to_torch`` makes of a batch: one tensor or list per column, by column name.
 Batch = dict[str, Any]
+
+#: What a column's nulls become (see ``Nulls``).
+Fill = int | float | bool
+
+#: The name of the validity mask ``to_torch`` adds for a column of ``Nulls.mask``.
+VALID_SUFFIX = "_valid"
+
+
+class Nulls(NamedTuple):
+    """What the nulls of columns that become tensors turn into: ``fill[column]`` is the value a
+    column's nulls become, and each column of ``mask`` also gets a ``[rows]`` bool tensor
+    ``f"{column}_valid"``, True where the row has its whole value; a masked column without a fill
+    value holds 0 (False) in its null rows. A null in any other such column raises ``NullError``."""
+
+    fill: Mapping[str, Fill] | None = None
+    mask: Sequence[str] = ()
+
+
+class NullError(ValueError):
+    """A null in a column that becomes a tensor, which has no fill value and no mask for it.
+
+    ``column`` and ``position`` (the row within the converted batch) say where; a dataset
+    re-raises it naming its table and the row of its stream (see ``located``).
+    """
+
+    def __init__(self, message: str, *, column: str = "", position: int = 0, example: Fill = 0) -> None:
+        super().__init__(message)
+        self.column = column
+        self.position = position
+        self.example = example
+
+    @classmethod
+    def at(cls, column: str, position: int, example: Fill, where: str | None = None) -> NullError:
+        """The error for a null in ``column`` at ``position`` of its batch (``where`` names the row
+        when the caller knows more); ``example`` is a fill value of the column's type."""
+        row = where or f"row {position} of its batch"
+        return cls(
+            f"column {column!r} is null at {row}, but it becomes a tensor, which holds no nulls; set "
+            f"TableSpec(null_fill={{{column!r}: {example!r}}}) to fill its nulls, or null_mask=[{column!r}] for the "
+            f"mask {column + VALID_SUFFIX!r} (False in null rows, which then hold 0)",
+            column=column,
+            position=position,
+            example=example,
+        )
+
+    def located(self, where: str) -> NullError:
+        """This error naming its row as ``where`` (a table and a row of a stream, or an index)."""
+        return NullError.at(self.column, self.position, self.example, where)
+
+
+def check_nulls(nulls: Nulls, schema: pa.Schema, table: str) -> None:
+    """``ValueError`` unless every column ``nulls`` names is a column of ``schema`` (the rows
+    ``table`` returns) that becomes a tensor, with a fill value of its type."""
+    named = [*(nulls.fill or {}), *nulls.mask]
+    unknown = sorted({name for name in named if name not in schema.names})
+    if unknown:
+        raise ValueError(
+            f"null_fill and null_mask name columns {unknown} that {table!r} does not return; "
+            f"its columns are {schema.names}"
+        )
+    _plans(schema, nulls)
+
 
 _FIXED_SHAPE_TENSOR = "arrow.fixed_shape_tensor"
 #: The field metadata key of a shaped tensor column (see ``to_torch``); its JSON value says
@@ -22,22 +87,34 @@ _SHAPED_TENSOR = b"spiral_lightning.tensor"
 _VARIABLE_SHAPE_TENSOR = "arrow.variable_shape_tensor"
 
 
-def to_torch(batch: pa.RecordBatch) -> Batch:
-    """Each column of ``batch`` as a tensor or a Python list.
+def to_torch(batch: pa.RecordBatch, nulls: Nulls | None = None) -> Batch:
+    """Each column of ``batch`` as a tensor or a Python list, decided by the schema alone.
 
     Integer and floating columns become ``[rows]`` tensors, and fixed-size lists of them, nested
-    to any depth, ``[rows, size, ...]`` tensors; both share memory with the batch. An
-    ``arrow.fixed_shape_tensor`` column takes its declared shape and dimension order. Booleans are
-    copied into ``torch.bool``. Strings, binary, ragged lists, structs and any column with nulls
-    stay Python lists.
+    to any depth, ``[rows, size, ...]`` tensors; without nulls both share memory with the batch.
+    An ``arrow.fixed_shape_tensor`` column takes its declared shape and dimension order. Booleans
+    are copied into ``torch.bool``. Strings, binary, ragged lists and structs stay Python lists,
+    with ``None`` for a null.
+
+    A null in a column that becomes a tensor (a null row, or a null inside a fixed-size list)
+    becomes the column's fill value in ``nulls``, and a column ``nulls`` masks gains its
+    ``<column>_valid`` tensor; a null in any other raises ``NullError`` naming column and row.
 
     A shaped tensor column (a struct of ``data``, each row's values in C order, and ``shape``,
     marked by the field metadata key ``spiral_lightning.tensor``; the SDS backend writes them)
     becomes one ``[rows, ...]`` tensor when every row has one shape, else a list of per-row
     tensors; marked ``"complex": true``, its trailing dimension of 2 becomes a complex dtype.
     """
-    plans = _plans(batch.schema)
-    return {plan.name: plan.convert(array) for plan, array in zip(plans, batch.columns, strict=True)}
+    converted: Batch = {}
+    for plan, array in zip(_plans(batch.schema, nulls), batch.columns, strict=True):
+        if plan.kind not in ("tensor", "bool"):
+            converted[plan.name] = plan.convert(array)
+            continue
+        tensor, valid = plan.tensor(array)
+        converted[plan.name] = tensor
+        if plan.mask:
+            converted[plan.name + VALID_SUFFIX] = valid
+    return converted
 
 
 class BatchSlices:
@@ -45,49 +122,58 @@ class BatchSlices:
     from a stream do: each batch is converted once and a slice of it becomes slices of its
     tensors and lists.
 
-    That equals converting the slice whenever no column's conversion depends on its rows: a
-    batch with nulls in a numeric column, or a shaped column of mixed shapes, converts to lists
-    where some of its slices would convert to tensors, so its slices are converted one by one.
+    That equals converting the slice whenever no column's conversion depends on its rows, as the
+    schema decides every tensor column's type and fills its nulls value by value. A shaped column
+    of mixed shapes (or with a null) converts to lists where some of its slices would convert to
+    tensors, and a null that raises must raise for the slice that holds it, so such a batch's
+    slices are converted one by one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, nulls: Nulls | None = None) -> None:
+        self._nulls = nulls
         self._batch: pa.RecordBatch | None = None
         self._whole: Batch | None = None
 
     def __call__(self, batch: pa.RecordBatch, offset: int, length: int) -> Batch:
-        """``to_torch(batch.slice(offset, length))``."""
+        """``to_torch(batch.slice(offset, length), nulls)``."""
         if batch is not self._batch:
             self._batch = batch
-            self._whole = _sliceable(batch)
+            self._whole = _sliceable(batch, self._nulls)
         whole = self._whole
         if whole is None:
-            return to_torch(batch.slice(offset, length))
+            return to_torch(batch.slice(offset, length), self._nulls)
         if offset == 0 and length >= batch.num_rows:
             return dict(whole)
         end = offset + length
         return {name: value[offset:end] for name, value in whole.items()}
 
 
-def _sliceable(batch: pa.RecordBatch) -> Batch | None:
-    """``to_torch(batch)`` if each of its slices converts to the same slice of it, else ``None``:
-    a column that became a list although its kind makes tensors depends on its rows."""
-    whole = to_torch(batch)
-    if any(isinstance(whole[plan.name], list) and plan.kind != "list" for plan in _plans(batch.schema)):
+def _sliceable(batch: pa.RecordBatch, nulls: Nulls | None = None) -> Batch | None:
+    """``to_torch(batch, nulls)`` if each of its slices converts to the same slice of it, else
+    ``None``: a shaped column that became a list depends on its rows, and a null that raises
+    belongs to one slice."""
+    try:
+        whole = to_torch(batch, nulls)
+    except NullError:
+        return None
+    if any(isinstance(whole[plan.name], list) and plan.kind != "list" for plan in _plans(batch.schema, nulls)):
         return None
     return whole
 
 
-def column(field: pa.Field, array: pa.Array) -> torch.Tensor | list[Any]:
-    """One column as ``to_torch`` converts it."""
-    return _Plan.of(field).convert(array)
+def column(field: pa.Field, array: pa.Array, nulls: Nulls | None = None) -> torch.Tensor | list[Any]:
+    """One column as ``to_torch`` converts it (without its mask)."""
+    plan = _Plan.of(field, nulls or Nulls())
+    return plan.tensor(array)[0] if plan.kind in ("tensor", "bool") else plan.convert(array)
 
 
 class _Plan(NamedTuple):
     """How one field's arrays convert, decided once per schema rather than once per batch.
 
-    ``kind`` says what a column without nulls becomes. A tensor's values sit below one
-    fixed-size list level per entry of ``sizes``; ``dims`` is the shape after the row dimension
-    (``None``: keep the values flat) and ``order`` the dimensions to permute them into.
+    ``kind`` says what the column becomes. A tensor's values sit below one fixed-size list level
+    per entry of ``sizes``; ``dims`` is the shape after the row dimension (``None``: keep the
+    values flat) and ``order`` the dimensions to permute them into. Its nulls become ``fill``, and
+    ``mask`` adds its validity mask (see ``Nulls``).
     """
 
     name: str
@@ -96,9 +182,31 @@ class _Plan(NamedTuple):
     sizes: tuple[int, ...] = ()
     dims: tuple[int, ...] | None = None
     order: tuple[int, ...] | None = None
+    fill: Fill | None = None
+    mask: bool = False
+    #: A fill value of the column's type, which a ``NullError`` suggests.
+    example: Fill = 0
 
     @classmethod
-    def of(cls, field: pa.Field) -> _Plan:
+    def of(cls, field: pa.Field, nulls: Nulls) -> _Plan:
+        plan = cls._of(field)
+        fill = (nulls.fill or {}).get(field.name)
+        mask = field.name in nulls.mask
+        if plan.kind not in ("tensor", "bool"):
+            if fill is not None or mask:
+                raise ValueError(
+                    f"null_fill and null_mask apply to columns that become tensors (numbers, booleans and "
+                    f"fixed-size lists of numbers), not to {field.name!r} of type {field.type}, which becomes a "
+                    "list with None for its nulls"
+                )
+            return plan
+        leaf = _leaf(field)
+        example: Fill = False if plan.kind == "bool" else 0.0 if pa.types.is_floating(leaf) else 0
+        checked = None if fill is None else _checked_fill(field.name, fill, leaf)
+        return plan._replace(fill=checked, mask=mask, example=example)
+
+    @classmethod
+    def _of(cls, field: pa.Field) -> _Plan:
         extension = isinstance(field.type, pa.BaseExtensionType)
         storage = field.type.storage_type if extension else field.type
         if pa.types.is_boolean(storage):
@@ -125,39 +233,102 @@ class _Plan(NamedTuple):
         return cls(field.name, "tensor", extension, tuple(sizes), physical, (0, *(axis + 1 for axis in inverse)))
 
     def convert(self, array: pa.Array) -> torch.Tensor | list[Any]:
+        """A list or shaped column (a tensor column converts through ``tensor``)."""
         if array.null_count or self.kind == "list":
             return _pylist(array)
         values = array.storage if self.extension else array
-        if self.kind == "bool":
-            return torch.from_numpy(values.to_numpy(zero_copy_only=False))
-        if self.kind in ("shaped", "complex"):
-            return _shaped(values, self.kind == "complex")
+        return _shaped(values, self.kind == "complex")
+
+    def tensor(self, array: pa.Array) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A tensor column, and its ``[rows]`` validity mask when the plan masks it."""
+        rows = len(array)
+        values = array.storage if self.extension else array
+        # Where a null lies at any depth, per leaf value; None while there is none, which keeps
+        # the column's tensor on Arrow's buffer.
+        valid = _validity(values) if values.null_count else None
         for size in self.sizes:
             # The child of a sliced list array is unsliced; cutting it here is cheaper than
             # flatten(), which goes through a compute kernel.
             values = values.values.slice(values.offset * size, len(values) * size)
+            if valid is not None:
+                valid = np.repeat(valid, size)
             if values.null_count:
-                return _pylist(array)
-        tensor = from_dlpack(values)
-        if self.dims is None:
-            return tensor
-        tensor = tensor.reshape(len(array), *self.dims)
-        return tensor if self.order is None else tensor.permute(self.order)
+                own = _validity(values)
+                valid = own if valid is None else valid & own
+        rows_valid = None if valid is None else valid.reshape(rows, -1).all(axis=1) if rows else valid
+        if rows_valid is not None and self.fill is None and not self.mask:
+            raise NullError.at(self.name, int(np.argmin(rows_valid)), self.example)
+        fill = self.fill if self.fill is not None else self.example
+        if values.null_count:
+            values = pc.fill_null(values, pa.scalar(fill, values.type))
+        # Arrow packs booleans in bits, which DLPack cannot share.
+        bits = self.kind == "bool"
+        tensor = torch.from_numpy(values.to_numpy(zero_copy_only=False)) if bits else from_dlpack(values)
+        if valid is not None and self.sizes:
+            # The values under a null list are undefined, not null.
+            tensor = tensor.masked_fill(~torch.from_numpy(valid), fill)
+        if self.dims is not None:
+            tensor = tensor.reshape(rows, *self.dims)
+            if self.order is not None:
+                tensor = tensor.permute(self.order)
+        if not self.mask:
+            return tensor, None
+        if rows_valid is None:
+            return tensor, torch.ones(rows, dtype=torch.bool)
+        return tensor, torch.from_numpy(rows_valid)
 
 
-#: The last schema converted and its plans: a loader converts batch after batch of one schema,
-#: and comparing schemas costs far less than planning them again.
-_last: tuple[pa.Schema, tuple[_Plan, ...]] | None = None
+#: The last schema and nulls converted and their plans: a loader converts batch after batch of
+#: one schema, and comparing schemas costs far less than planning them again.
+_last: tuple[pa.Schema, Nulls, tuple[_Plan, ...]] | None = None
 
 
-def _plans(schema: pa.Schema) -> tuple[_Plan, ...]:
+def _plans(schema: pa.Schema, nulls: Nulls | None = None) -> tuple[_Plan, ...]:
     global _last
+    nulls = nulls or Nulls()
     last = _last
-    if last is not None and last[0].equals(schema, check_metadata=True):
-        return last[1]
-    plans = tuple(_Plan.of(field) for field in schema)
-    _last = (schema, plans)
+    if last is not None and last[1] == nulls and last[0].equals(schema, check_metadata=True):
+        return last[2]
+    plans = tuple(_Plan.of(field, nulls) for field in schema)
+    taken = {plan.name + VALID_SUFFIX for plan in plans if plan.mask} & set(schema.names)
+    if taken:
+        raise ValueError(f"null_mask would add the columns {sorted(taken)}, which the table already has")
+    _last = (schema, nulls, plans)
     return plans
+
+
+def _validity(array: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """True where ``array`` holds a value."""
+    valid: np.ndarray[Any, np.dtype[np.bool_]] = pc.is_valid(array).to_numpy(zero_copy_only=False)
+    return valid
+
+
+def _leaf(field: pa.Field) -> pa.DataType:
+    """The type of a tensor column's values, below its fixed-size lists."""
+    values = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
+    while pa.types.is_fixed_size_list(values):
+        values = values.value_type
+    return values
+
+
+def _checked_fill(column: str, fill: Any, leaf: pa.DataType) -> Fill:
+    """``fill`` when it is a value of ``leaf`` (a bool for booleans, an int in range for integers,
+    any number for floats), else ``ValueError`` naming the column."""
+    if pa.types.is_boolean(leaf):
+        fits = isinstance(fill, bool)
+    elif pa.types.is_integer(leaf):
+        fits = isinstance(fill, int) and not isinstance(fill, bool)
+    else:
+        fits = isinstance(fill, int | float) and not isinstance(fill, bool)
+    if fits:
+        try:
+            pa.scalar(fill, leaf)
+        except (OverflowError, pa.ArrowInvalid):
+            fits = False
+    if not fits:
+        raise ValueError(f"null_fill for column {column!r} must be a value of its type {leaf}, not {fill!r}")
+    checked: Fill = fill
+    return checked
 
 
 def _shaped(array: pa.StructArray, pairs: bool) -> torch.Tensor | list[Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,7 +28,7 @@ from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State
-from spiral_lightning.tensors import to_torch
+from spiral_lightning.tensors import Nulls, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
 
@@ -229,7 +230,7 @@ class WindowDataset(IterableDataset[Any]):
         windows: Windows,
         batch_size: int,
         last: Last = "keep_partial",
-        policy: Policy = stripe,
+        policy: Policy | str = stripe,
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
@@ -349,8 +350,11 @@ class WindowDataset(IterableDataset[Any]):
                 )
             position = self._position = WindowPosition(saved.cursor, lead)
         self._work = work
+        # The spec's nulls decide what its numeric columns' nulls become, as in TableDataset.
+        filled = partial(to_torch, nulls=Nulls(self.table.spec.null_fill, self.table.spec.null_mask))
+        collate = filled if self.collate is to_torch else self.collate
         for batch, after in read_windows(
             self.table.reader(), items, position, self.windows, self.batch_size, self.last
         ):
             self._position = after
-            yield batch if self.collate is None else handed_on(stack(self.collate(batch), self.windows.size))
+            yield batch if collate is None else handed_on(stack(collate(batch), self.windows.size))

@@ -7,6 +7,7 @@ consumer's work list gets the same list without talking to any other process.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, is_dataclass
 from typing import NamedTuple
@@ -154,3 +155,35 @@ def _cut(plan: Sequence[Split], start: int, end: int) -> list[WorkItem]:
             items.append(WorkItem(split.id, split.start + low - offset, split.start + high - offset))
         offset += rows
     return items
+
+
+#: The policies a name selects, in YAML and in every ``policy=`` argument.
+POLICIES: dict[str, Policy] = {"balanced": balanced, "stripe": stripe}
+
+
+def as_policy(policy: str | Policy, seed: int = 0) -> Policy:
+    """The policy ``policy`` names: ``"balanced"``, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=
+    seed)``), ``"module.function"``, or a policy itself; ``ValueError`` for anything else, raised
+    where the dataset is built rather than where it is first read."""
+    if not isinstance(policy, str):
+        if not callable(policy):
+            raise ValueError(f"a policy is a function (plan, shard, epoch) -> work list or its name, not {policy!r}")
+        return policy
+    if policy == "shuffled":
+        return Shuffled(seed=seed)
+    if policy in POLICIES:
+        return POLICIES[policy]
+    module, _, name = policy.rpartition(".")
+    found: object = None
+    if module:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            found = None
+    if not callable(found):
+        raise ValueError(
+            f"unknown policy {policy!r}; name one of {[*sorted(POLICIES), 'shuffled']} "
+            "or a function as 'module.function'"
+        )
+    named: Policy = found
+    return named

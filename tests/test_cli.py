@@ -1,8 +1,11 @@
 """The ``spiral-lightning`` command line: YAML experiments through LightningCLI, resume with
-``--ckpt_path last``, and the errors of bad configs."""
+``--ckpt_path last``, the errors of bad configs, and what it prints besides."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,27 @@ data:
     )
     with pytest.raises(FileNotFoundError, match=r"no Spiral table at .*nowhere"):
         main(["fit", "--config", str(experiment)])
+
+
+def test_help_lists_ingest_beside_the_trainer_commands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], recwarn: pytest.WarningsRecorder
+) -> None:
+    # The console script calls main() with the arguments in sys.argv, as here.
+    monkeypatch.setattr(sys, "argv", ["spiral-lightning", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    for command in ("fit", "validate", "test", "predict", "ingest"):
+        assert re.search(rf"^ +{command} +\S", printed, re.MULTILINE), f"{command} is not listed with its help"
+    assert [str(warning.message) for warning in recwarn] == []
+
+
+@pytest.mark.slow
+def test_a_fit_prints_no_warnings_of_other_libraries(tmp_path: Path) -> None:
+    experiment = config(tmp_path, tmp_path / "demo")
+    command = [sys.executable, "-m", "spiral_lightning.cli", "fit", "--config", str(experiment)]
+    done = subprocess.run([*command, "--trainer.max_steps", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "args parameter" not in done.stderr
+    assert "set_vital" not in done.stderr

@@ -103,3 +103,15 @@ def test_a_new_epoch_starts_with_nothing_delivered(make_table: Callable[..., Tab
     restored = TableDataset(spec, batch_size=100)
     restored.load_state_dict(state)
     assert [batch["id"][0].item() for batch in restored] == [0, 100, 200]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resolved_spec_names_its_table_from_any_folder(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray Train workers, for one, run in folders of their own.
+    monkeypatch.chdir(tmp_path)
+    write_table(f"{backend}:relative", pa.table({"id": list(range(30))}), split_rows=10)
+    pinned = TableSpec(f"{backend}:relative").resolve()
+    monkeypatch.chdir("/")
+    assert [int(i) for batch in TableDataset(pinned, batch_size=7) for i in batch["id"]] == list(range(30))

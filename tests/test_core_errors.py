@@ -10,7 +10,19 @@ import pytest
 import spiral
 from torch.utils.data import DataLoader
 
-from spiral_lightning import Shard, Split, TableDataset, TableSpec, WorkItem, stripe, write_table
+from spiral_lightning import (
+    Shard,
+    Shuffled,
+    Split,
+    TableDataset,
+    TableMapDataset,
+    TableSpec,
+    WorkItem,
+    balanced,
+    stripe,
+    write_table,
+)
+from spiral_lightning.media import Image
 from spiral_lightning.state import State
 from tests.tables import BACKENDS
 
@@ -18,18 +30,45 @@ SIZES = [300, 500, 200]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_unknown_column_is_named(make_table: Callable[..., TableSpec], backend: str) -> None:
-    dataset = TableDataset(make_table(SIZES, backend=backend, columns=["id", "nope"]))
+def test_unknown_column_is_named_when_the_dataset_is_built(make_table: Callable[..., TableSpec], backend: str) -> None:
+    spec = make_table(SIZES, backend=backend, columns=["id", "nope"])
     with pytest.raises(ValueError, match=r"unknown columns \['nope'\].*the table has \['id', 'score', 'x', 'v'\]"):
-        len(dataset)
+        TableDataset(spec)
+    with pytest.raises(ValueError, match=r"unknown columns \['nope'\]"):
+        TableMapDataset(spec)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unknown_media_column_and_filter_column_are_named_when_the_dataset_is_built(
+    make_table: Callable[..., TableSpec], backend: str
+) -> None:
+    with pytest.raises(ValueError, match=r"media projections name columns \['photo'\].*it returns \['id', 'x'\]"):
+        TableDataset(make_table(SIZES, backend=backend, columns=["id", "x"], media=(Image("photo"),)))
+    with pytest.raises(ValueError, match="weight"):
+        TableDataset(make_table(SIZES, backend=backend, filter="weight > 3"))
+
+
+def test_policies_are_named_or_refused_when_the_dataset_is_built(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table(SIZES)
+    assert TableDataset(spec, policy="balanced").policy is balanced
+    assert TableDataset(spec, policy="shuffled").policy == Shuffled(seed=0)
+    with pytest.raises(ValueError, match=r"unknown policy 'balance'; name one of \['balanced', 'stripe', 'shuffled'\]"):
+        TableDataset(spec, policy="balance")
+    with pytest.raises(ValueError, match="a policy is a function"):
+        TableDataset(spec, policy=3)  # type: ignore[arg-type]
+
+
+def test_a_filter_syntax_error_speaks_of_the_filter_not_the_parser() -> None:
+    with pytest.raises(ValueError, match=r"cannot parse the filter 'x >': '>' at column 3 has nothing") as error:
+        TableSpec("parquet:/tmp/t", filter="x >")
+    assert "sqlglot" not in str(error.value) and "\x1b" not in str(error.value)
 
 
 def test_filter_the_table_cannot_run_is_named(make_table: Callable[..., TableSpec]) -> None:
     # x is float32 and a Python float literal is float64: Spiral does not coerce.
     bad = spiral.lt(spiral.column("x"), spiral.literal(0.5))
-    dataset = TableDataset(make_table(SIZES, filter=bad))
     with pytest.raises(ValueError, match=r"the filter .* cannot scan .*Cannot compare different DTypes f32"):
-        next(iter(dataset))
+        TableDataset(make_table(SIZES, filter=bad))
 
 
 def test_missing_table_root(tmp_path: Path) -> None:
@@ -46,9 +85,9 @@ def test_wrong_ids(make_table: Callable[..., TableSpec]) -> None:
     spec = make_table(SIZES)
     root = spec.uri.split("?", 1)[0]
     version_id = spec.version.split("@")[1]
-    wrong = TableDataset(f"{root}?resource_id=00000000-0000-0000-0000-000000000000&version_id={version_id}")
+    wrong = f"{root}?resource_id=00000000-0000-0000-0000-000000000000&version_id={version_id}"
     with pytest.raises(ValueError, match="cannot open version 00000000-0000-0000-0000-000000000000@"):
-        len(wrong)
+        TableDataset(wrong)
 
 
 @pytest.mark.parametrize(

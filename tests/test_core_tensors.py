@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 
 from spiral_lightning import to_torch
-from spiral_lightning.tensors import BatchSlices
+from spiral_lightning.tensors import BatchSlices, NullError, Nulls
 
 
 def test_numbers_and_fixed_size_lists_share_arrow_memory() -> None:
@@ -48,8 +49,7 @@ def test_booleans_are_copied_and_other_columns_stay_lists() -> None:
             "flag": pa.array([True, False, True]),
             "name": pa.array(["a", "bb", "c"]),
             "blob": pa.array([b"x", b"", b"yz"]),
-            "ragged": pa.array([[1], [2, 3], []]),
-            "nulls": pa.array([1.0, None, 3.0]),
+            "ragged": pa.array([[1], [2, None], None]),
             "struct": pa.array([{"a": 1}, {"a": 2}, {"a": 3}]),
         }
     )
@@ -57,8 +57,7 @@ def test_booleans_are_copied_and_other_columns_stay_lists() -> None:
     assert out["flag"].dtype == torch.bool and out["flag"].tolist() == [True, False, True]
     assert out["name"] == ["a", "bb", "c"]
     assert out["blob"] == [b"x", b"", b"yz"]
-    assert out["ragged"] == [[1], [2, 3], []]
-    assert out["nulls"] == [1.0, None, 3.0]
+    assert out["ragged"] == [[1], [2, None], None]
     assert out["struct"] == [{"a": 1}, {"a": 2}, {"a": 3}]
 
 
@@ -87,8 +86,8 @@ def test_batch_slices_equal_converting_each_slice() -> None:
     rows = 12
     permuted = pa.fixed_shape_tensor(pa.int32(), [2, 3], permutation=[1, 0])
     storage = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(rows * 6, dtype=np.int32)), 6)
-    # Rows 4-5 hold a null and a 2x2 among 1x3 arrays: slices that miss them convert to tensors,
-    # so their batch must not be converted once and sliced.
+    # Row 4 holds a 2x2 among 1x3 arrays: slices that miss it convert to tensors, so its batch
+    # must not be converted once and sliced. Row 5 holds a null, filled and masked.
     nulls = [float(i) if i != 5 else None for i in range(rows)]
     mixed = [(2, 2) if i == 4 else (1, 3) for i in range(rows)]
     clean = {
@@ -105,20 +104,24 @@ def test_batch_slices_equal_converting_each_slice() -> None:
         schema=pa.schema([*(pa.field(k, v.type) for k, v in clean.items() if k != "same"), shaped]),
     )
     mixed_field = pa.field("same", clean["same"].type, metadata={b"spiral_lightning.tensor": b"{}"})
-    for batch in (
-        clean_batch,
-        pa.record_batch({"i": clean["i"], "x": pa.array(nulls, pa.float64())}),
-        pa.RecordBatch.from_arrays(
-            [clean["i"], _shaped_column(mixed)], schema=pa.schema([("i", pa.int64()), mixed_field])
+    filled = Nulls({"x": -1.0}, ("x",))
+    for batch, options in (
+        (clean_batch, None),
+        (pa.record_batch({"i": clean["i"], "x": pa.array(nulls, pa.float64())}), filled),
+        (
+            pa.RecordBatch.from_arrays(
+                [clean["i"], _shaped_column(mixed)], schema=pa.schema([("i", pa.int64()), mixed_field])
+            ),
+            None,
         ),
-        clean_batch.slice(3, 7),
+        (clean_batch.slice(3, 7), None),
     ):
-        slices = BatchSlices()
+        slices = BatchSlices(options)
         for offset, length in [(0, 4), (4, 4), (8, batch.num_rows - 8), (6, 1), (0, batch.num_rows)]:
             if offset + length > batch.num_rows or length <= 0:
                 continue
             got = slices(batch, offset, length)
-            expected = to_torch(batch.slice(offset, length))
+            expected = to_torch(batch.slice(offset, length), options)
             assert list(got) == list(expected)
             for name, value in expected.items():
                 _same(got[name], value)
@@ -127,6 +130,10 @@ def test_batch_slices_equal_converting_each_slice() -> None:
     first, second = slices(clean_batch, 0, 4), slices(clean_batch, 4, 4)
     assert first["flag"].untyped_storage().data_ptr() == second["flag"].untyped_storage().data_ptr()
     assert isinstance(first["same"], torch.Tensor) and first["same"].shape == (4, 1, 3)
+    # An unhandled null raises for the slice that holds it, at its position there, and only there.
     with_null = pa.record_batch({"x": pa.array(nulls, pa.float64())})
     assert isinstance(slices(with_null, 0, 4)["x"], torch.Tensor)
-    assert slices(with_null, 4, 4)["x"] == [4.0, None, 6.0, 7.0]
+    with pytest.raises(NullError) as raised:
+        slices(with_null, 4, 4)
+    assert raised.value.column == "x" and raised.value.position == 1
+    assert isinstance(slices(with_null, 8, 4)["x"], torch.Tensor)

@@ -75,7 +75,7 @@ def test_ingest_images_writes_paths_labels_and_bytes(
 def test_ingested_images_decode_through_project(tmp_path: Path, image_folder: tuple[Path, dict[str, bytes]]) -> None:
     src, _ = image_folder
     report = ingest_images(src, f"spiral:{tmp_path / 't'}", progress=False)
-    media = [Image("image", size=(8, 4), layout="CHW", dtype="float32", normalize="unit")]
+    media = [Image("image", size=(4, 8), layout="CHW", dtype="float32", normalize="unit")]
     for position, batch in enumerate(TableDataset(report.spec, batch_size=5)):
         projected, skipped = project(batch, media, Where(report.spec.uri, first_row=5 * position))
         assert skipped == () and projected["image"].shape == (5, 3, 4, 8)
@@ -123,3 +123,33 @@ def test_ingest_refuses_folders_without_classes_or_files(tmp_path: Path) -> None
         ingest_images(tmp_path / "hollow", f"spiral:{tmp_path / 't'}", progress=False)
     with pytest.raises(ValueError, match="kind must be 'images' or 'videos'"):
         read_folder(tmp_path / "flat", "audio", progress=False)  # type: ignore[arg-type]
+
+
+def test_a_folder_with_nothing_readable_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_files(src, {"cat/broken.jpg": b"\xff\xd8 not really a jpeg", "dog/notes.txt": b"hello"})
+    dest = tmp_path / "t"
+    with pytest.raises(ValueError, match=r"none of the 2 files under .* is a readable image, so nothing was written"):
+        ingest_images(src, f"spiral:{dest}", progress=False)
+    assert not dest.exists()
+
+
+def test_ingest_videos_leaves_out_images_as_not_videos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # FFmpeg opens a JPEG or PNG as a one-frame "video", which no clip of two frames could read.
+    still = {
+        "run/still.jpg": encode_image(gradient(64, 48), "JPEG"),
+        "run/still.png": encode_image(gradient(8, 8), "PNG"),
+    }
+    src = tmp_path / "src"
+    write_files(src, {"run/one.mp4": encode_video(frames=12), **still})
+    report = ingest_videos(src, f"spiral:{tmp_path / 'v'}", progress=False)
+    assert report.rows == 1
+    assert [bad.path for bad in report.bad] == ["run/still.jpg", "run/still.png"]
+    assert all("an image, not a video" in bad.reason for bad in report.bad)
+    printed = capsys.readouterr().err
+    assert "left out run/still.jpg: an image, not a video" in printed
+    images = tmp_path / "images"
+    write_files(images, still)
+    with pytest.raises(ValueError, match=r"none of the 2 files .* is a readable video"):
+        ingest_videos(images, f"spiral:{tmp_path / 'w'}", progress=False)
+    assert not (tmp_path / "w").exists()

@@ -91,7 +91,10 @@ def test_specs_are_plain_values() -> None:
     image = Image("img", size=[224, 112], layout="CHW", dtype="float32", normalize="imagenet")  # type: ignore[arg-type]
     video = Video("clip", frames=FrameIndices([3, 1]), size=(32, 16), layout="TCHW")  # type: ignore[arg-type]
     assert image.size == (224, 112) and video.frames == FrameIndices((3, 1))
-    assert image.shape == (3, 112, 224) and video.shape == (2, 3, 16, 32)
+    # Sizes are (height, width), as in torchvision.
+    assert image.shape == (3, 224, 112) and video.shape == (2, 3, 32, 16)
+    assert Image("img", size=(64, 32)).shape == (64, 32, 3)
+    assert Video("v", FrameSlice(0, 2), size=(48, 16)).shape == (2, 48, 16, 3)
     for spec in (image, video, FrameTimes([0, 1.5]), FrameNeighborhood(1, 3, 2), FrameSlice(0, 8, 2)):  # type: ignore[arg-type]
         assert pickle.loads(pickle.dumps(spec)) == spec
         assert hash(spec) == hash(pickle.loads(pickle.dumps(spec)))
@@ -102,8 +105,10 @@ def test_specs_are_plain_values() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: Image("img", size=(0, 10)), "width must be an int of at least 1"),
-        (lambda: Image("img", size=(10,)), r"must be \(width, height\)"),
+        (lambda: Image("img", size=(0, 10)), "Image.size height must be an int of at least 1"),
+        (lambda: Image("img", size=(10, 0)), "Image.size width must be an int of at least 1"),
+        (lambda: Image("img", size=(10,)), r"Image.size must be \(height, width\)"),
+        (lambda: Video("v", FrameSlice(0, 4), size=(4, 5, 6)), r"Video.size must be \(height, width\)"),
         (lambda: Image("img", layout="NHWC"), "Image.layout must be one of"),
         (lambda: Image("img", normalize="unit"), "needs dtype='float32'"),
         (lambda: Image("img", dtype="float16"), "Image.dtype must be one of"),
@@ -165,7 +170,7 @@ def test_grayscale_and_transparent_images_become_rgb() -> None:
 
 def test_jpeg_downscale_uses_draft_mode_and_stays_close_to_a_full_decode() -> None:
     data = encode_image(gradient(400, 240), "JPEG")
-    decoded = decode_image(data, Image("img", size=(100, 30)))
+    decoded = decode_image(data, Image("img", size=(30, 100)))
     assert decoded.shape == (30, 100, 3)
     with PILImage.open(io.BytesIO(data)) as draft:
         draft.draft("RGB", (100, 30))
@@ -178,13 +183,20 @@ def test_jpeg_downscale_uses_draft_mode_and_stays_close_to_a_full_decode() -> No
     assert difference.mean() < 2 and difference.max() <= 12
 
 
-def test_png_upscale_and_resize_to_width_height() -> None:
+def test_png_upscale_and_resize_to_height_width() -> None:
     data = encode_image(gradient(16, 8), "PNG")
-    decoded = decode_image(data, Image("img", size=(50, 20), layout="CHW"))
+    decoded = decode_image(data, Image("img", size=(20, 50), layout="CHW"))
     assert decoded.shape == (3, 20, 50)
     with PILImage.open(io.BytesIO(data)) as direct:
         expected = np.array(direct.convert("RGB").resize((50, 20), PILImage.Resampling.BILINEAR))
     assert torch.equal(decoded, torch.from_numpy(expected).permute(2, 0, 1))
+
+
+def test_image_size_is_height_then_width() -> None:
+    # (64, 32) is 64 rows of 32 pixels, as in torchvision; red still grows along x, green along y.
+    decoded = decode_image(encode_image(gradient(16, 8), "PNG"), Image("img", size=(64, 32), layout="CHW")).int()
+    assert decoded.shape == (3, 64, 32)
+    assert decoded[0, 0, -1] - decoded[0, 0, 0] > 200 and decoded[1, -1, 0] - decoded[1, 0, 0] > 200
 
 
 @pytest.mark.parametrize(
@@ -244,12 +256,18 @@ def test_a_clip_equals_a_direct_pyav_decode(videos: dict[str, bytes], name: str)
 
 
 def test_clip_layout_size_and_normalize(videos: dict[str, bytes]) -> None:
-    spec = Video("clip", frames=FrameIndices((5, 6)), size=(32, 16), layout="TCHW", dtype="float32", normalize="unit")
+    spec = Video("clip", frames=FrameIndices((5, 6)), size=(16, 32), layout="TCHW", dtype="float32", normalize="unit")
     clip = decode_clip(videos["bframes"], spec)
     assert clip.dtype == torch.float32 and clip.shape == (2, 3, 16, 32) == spec.shape and clip.is_contiguous()
-    uint8 = decode_clip(videos["bframes"], Video("clip", frames=FrameIndices((5, 6)), size=(32, 16)))
+    uint8 = decode_clip(videos["bframes"], Video("clip", frames=FrameIndices((5, 6)), size=(16, 32)))
     torch.testing.assert_close(clip, uint8.permute(0, 3, 1, 2).float() / 255)
     assert frame_numbers(uint8) == [5, 6]
+
+
+def test_clip_size_is_height_then_width(videos: dict[str, bytes]) -> None:
+    # The frames are 64 wide and 48 high; a non-square size tells the two orders apart.
+    spec = Video("clip", frames=FrameSlice(0, 2), size=(64, 32), layout="TCHW")
+    assert decode_clip(videos["plain"], spec).shape == (2, 3, 64, 32) == spec.shape
 
 
 @pytest.mark.parametrize(
@@ -318,16 +336,16 @@ def test_project_gives_a_list_for_mixed_sizes_unless_resized() -> None:
     batch = image_batch([(20, 10), (12, 12), (20, 10)])
     mixed = project(batch, [Image("img")], Where("spiral:/t")).batch["img"]
     assert isinstance(mixed, list) and [tuple(t.shape) for t in mixed] == [(10, 20, 3), (12, 12, 3), (10, 20, 3)]
-    resized = project(batch, [Image("img", size=(8, 6))], Where("spiral:/t")).batch["img"]
+    resized = project(batch, [Image("img", size=(6, 8))], Where("spiral:/t")).batch["img"]
     assert isinstance(resized, torch.Tensor) and resized.shape == (3, 6, 8, 3)
 
 
 @pytest.mark.parametrize(
     "spec",
     [
-        Image("img", size=(24, 16)),
-        Image("img", size=(24, 16), layout="CHW", dtype="float32", normalize="unit"),
-        Image("img", size=(24, 16), dtype="float32", normalize="imagenet"),
+        Image("img", size=(16, 24)),
+        Image("img", size=(16, 24), layout="CHW", dtype="float32", normalize="unit"),
+        Image("img", size=(16, 24), dtype="float32", normalize="imagenet"),
         Image("img", layout="CHW", dtype="float32"),
     ],
     ids=["uint8-HWC", "unit-CHW", "imagenet-HWC", "float-CHW-own-size"],
@@ -340,12 +358,13 @@ def test_project_converts_a_batch_exactly_as_each_row_alone(spec: Image) -> None
     assert torch.equal(projected, torch.stack([decode_image(data, spec) for data in images]))
 
 
-@pytest.mark.parametrize(("source", "target"), [((97, 61), (32, 20)), ((40, 30), (64, 64)), ((256, 250), (64, 64))])
+@pytest.mark.parametrize(("source", "target"), [((61, 97), (20, 32)), ((30, 40), (64, 64)), ((250, 256), (64, 64))])
 def test_resize_stays_within_one_level_of_pillow_bilinear(source: tuple[int, int], target: tuple[int, int]) -> None:
-    noise = np.random.default_rng(4).integers(0, 256, (source[1], source[0], 3), dtype=np.uint8)
+    # Sizes here are (height, width); Pillow's resize takes (width, height).
+    noise = np.random.default_rng(4).integers(0, 256, (*source, 3), dtype=np.uint8)
     decoded = decode_image(encode_image(noise, "PNG"), Image("img", size=target)).numpy().astype(int)
-    reference = np.array(PILImage.fromarray(noise).resize(target, PILImage.Resampling.BILINEAR)).astype(int)
-    assert decoded.shape == (target[1], target[0], 3)
+    reference = np.array(PILImage.fromarray(noise).resize(target[::-1], PILImage.Resampling.BILINEAR)).astype(int)
+    assert decoded.shape == (*target, 3)
     assert np.abs(decoded - reference).max() <= 1
 
 
@@ -382,7 +401,7 @@ def test_project_skip_drops_bad_rows_from_every_column_and_reports_them(videos: 
 
 def test_project_skip_of_every_row_keeps_the_declared_shape() -> None:
     batch = image_batch([(8, 8)] * 2, bad=frozenset({0, 1}))
-    projected, skipped = project(batch, [Image("img", size=(4, 2), layout="CHW")], Where("t"), on_error="skip")
+    projected, skipped = project(batch, [Image("img", size=(2, 4), layout="CHW")], Where("t"), on_error="skip")
     assert len(skipped) == 2 and projected["img"].shape == (0, 3, 2, 4) and projected["id"].shape == (0,)
     unsized = project(batch, [Image("img")], Where("t"), on_error="skip").batch
     assert unsized["img"] == []

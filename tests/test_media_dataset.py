@@ -18,8 +18,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
 from spiral_lightning.ingest import classes_of, ingest_images
-from spiral_lightning.media import DecodeError, Image
+from spiral_lightning.media import DecodeError, FrameSlice, Image, Video
 from spiral_lightning.sources.spiral import IDS_FILE
+from tests.test_media import encode_video
 
 ROWS = 12
 BROKEN = {5}
@@ -59,7 +60,7 @@ def images(request: pytest.FixtureRequest, tmp_path: Path) -> TableSpec:
     return binary_table(tmp_path / "t", request.param)
 
 
-RESIZE = Image("img", size=(16, 12), layout="CHW", dtype="float32", normalize="unit")
+RESIZE = Image("img", size=(12, 16), layout="CHW", dtype="float32", normalize="unit")
 
 
 def with_media(spec: TableSpec, on_error: str = "raise") -> TableSpec:
@@ -115,6 +116,22 @@ def test_ingested_class_names_survive_a_spiral_table(tmp_path: Path) -> None:
     batch = next(iter(dataset))
     assert batch["image"].shape == (6, 8, 8, 3) and batch["image"].dtype == torch.uint8
     assert batch["label"].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_sizes_are_height_then_width_as_in_torchvision(tmp_path: Path) -> None:
+    # Images 20 wide and 10 high, red above and blue below, and 64 x 48 videos, on the Pillow and
+    # PyAV paths; non-square sizes tell the two orders apart.
+    buffer = io.BytesIO()
+    halves = PILImage.new("RGB", (20, 10), (255, 0, 0))
+    halves.paste((0, 0, 255), (0, 5, 20, 10))
+    halves.save(buffer, "PNG")
+    data = pa.table({"img": pa.array([buffer.getvalue()] * 3), "clip": pa.array([encode_video(frames=4)] * 3)})
+    stored = write_table(f"parquet:{tmp_path / 't'}", data)
+    image = Image("img", size=(64, 32), layout="CHW", dtype="float32", normalize="unit")
+    clip = Video("clip", frames=FrameSlice(0, 2), size=(48, 16), layout="TCHW")
+    batch = next(iter(TableDataset(TableSpec(stored.uri, files=stored.files, media=(image, clip)), batch_size=3)))
+    assert batch["img"].shape == (3, 3, 64, 32) and batch["clip"].shape == (3, 2, 3, 48, 16)
+    assert batch["img"][:, 0, :16].min() > 0.99 and batch["img"][:, 2, 48:].min() > 0.99
 
 
 @pytest.mark.parametrize("condition", [None, "id > 2"])

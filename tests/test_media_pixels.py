@@ -26,18 +26,16 @@ def picture(row: int) -> np.ndarray:
     return np.broadcast_to(np.array([row * 30, 100, 250 - row * 10], np.uint8), (5 + row, 7 + row, 3)).copy()
 
 
-@pytest.fixture
-def pixels(tmp_path: Path) -> TableSpec:
-    pictures = [picture(row) for row in range(ROWS)]
+def pixel_table(root: Path, pictures: list[np.ndarray]) -> TableSpec:
+    """A Spiral table of ``pictures`` (``[H, W, 3]`` uint8) as a pixel column, in two writes."""
     values = pa.list_(pa.field("item", pa.uint8(), nullable=False))
     images = spiral.types.image(
         data=pa.array([p.reshape(-1) for p in pictures], values),
         width=pa.array([p.shape[1] for p in pictures], pa.uint32()),
         height=pa.array([p.shape[0] for p in pictures], pa.uint32()),
-        pixel_format=pa.array([1] * ROWS, pa.uint8()),
+        pixel_format=pa.array([1] * len(pictures), pa.uint8()),
     )
-    data = pa.table({"id": pa.array(range(ROWS), pa.int64()), "img": images})
-    root = tmp_path / "pixels"
+    data = pa.table({"id": pa.array(range(len(pictures)), pa.int64()), "img": images})
     writer = spiral.Client.local().create_local_table(root, data.schema)
     writer.append(data.slice(0, 4))
     writer.append(data.slice(4))
@@ -46,13 +44,18 @@ def pixels(tmp_path: Path) -> TableSpec:
     return TableSpec(f"spiral:{root}").resolve()
 
 
+@pytest.fixture
+def pixels(tmp_path: Path) -> TableSpec:
+    return pixel_table(tmp_path / "pixels", [picture(row) for row in range(ROWS)])
+
+
 def with_media(spec: TableSpec, image: Image, **options: object) -> TableSpec:
     return TableSpec(spec.uri, media=(image,), **options)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
 def test_resized_pixels_arrive_stacked_from_worker_processes(pixels: TableSpec) -> None:
-    image = Image("img", size=(6, 4), layout="CHW", dtype="float32", normalize="unit")
+    image = Image("img", size=(4, 6), layout="CHW", dtype="float32", normalize="unit")
     dataset = TableDataset(with_media(pixels, image, filter="id > 0"), batch_size=5)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     batches = list(loader)
@@ -62,6 +65,19 @@ def test_resized_pixels_arrive_stacked_from_worker_processes(pixels: TableSpec) 
         assert batch["img"].shape == (len(batch["id"]), 3, 4, 6) and batch["img"].dtype == torch.float32
         colours = torch.tensor([picture(row)[0, 0].tolist() for row in batch["id"].tolist()]) / 255
         assert torch.allclose(batch["img"].mean(dim=(2, 3)), colours, atol=1e-3)
+
+
+def test_the_scan_resizes_to_height_then_width_as_in_torchvision(tmp_path: Path) -> None:
+    # Pictures 20 wide and 10 high, red above and blue below; (64, 32) is 64 rows of 32 pixels.
+    halves = np.zeros((10, 20, 3), np.uint8)
+    halves[:5, :, 0] = halves[5:, :, 2] = 255
+    spec = pixel_table(tmp_path / "halves", [halves] * 5)
+    image = Image("img", size=(64, 32), layout="CHW", dtype="float32", normalize="unit")
+    batch = next(iter(TableDataset(with_media(spec, image), batch_size=5)))
+    assert batch["img"].shape == (5, 3, 64, 32)
+    assert batch["img"][:, 0, :16].min() > 0.99 and batch["img"][:, 2, 48:].min() > 0.99
+    hwc = next(iter(TableDataset(with_media(spec, Image("img", size=(64, 32))), batch_size=5)))
+    assert hwc["img"].shape == (5, 64, 32, 3)
 
 
 def test_pixels_without_a_resize_stay_one_tensor_per_row(pixels: TableSpec) -> None:

@@ -181,7 +181,7 @@ def test_bad_tables_columns_weights_and_states_are_named(make_table: Callable[..
     with pytest.raises(ValueError, match=r"table 1 of the mixture .* lacks the column 'x'"):
         Mixture([(wide, 1), (narrow, 1)], batch_size=8, columns=["id", "x"])
     with pytest.raises(ValueError, match=r"table 0 of the mixture .*unknown columns \['label'\]"):
-        next(iter(Mixture([(wide, 1)], batch_size=8, columns=["id", "label"])))
+        Mixture([(wide, 1)], batch_size=8, columns=["id", "label"])
     with pytest.raises(ValueError, match="weight of table 0 of the mixture must be a positive number"):
         Mixture([(wide, 0)], batch_size=8)
     with pytest.raises(TypeError, match="has no length"):

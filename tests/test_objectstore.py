@@ -16,6 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -25,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec, write_table
 from spiral_lightning.cli import main
 from spiral_lightning.demo import demo_data
+from spiral_lightning.storage import StorageOptions, locate
 from spiral_lightning.work import fingerprint
 from tests.lightning_job import Recorder
 from tests.loaders import stopped_and_resumed
@@ -292,3 +294,17 @@ def test_bad_storage_options_name_the_key() -> None:
         TableSpec("parquet:s3://bucket/t", storage_options={"aws_endpoint": "http://127.0.0.1:1"}).resolve()
     aliased = TableSpec("parquet:s3://bucket/t", storage_options={"endpoint_url": "https://e", "region": "r"})
     assert dict(aliased.storage_options or {}) == {"aws_endpoint": "https://e", "aws_region": "r"}
+
+
+def test_every_kind_of_store_is_located_with_its_options() -> None:
+    gcs = locate("gs://bucket/t", StorageOptions({"google_anonymous": True, "google_endpoint": "localhost:4443"}))
+    assert (gcs.kind, gcs.path, type(gcs.filesystem)) == ("gcs", "bucket/t", pafs.GcsFileSystem)
+    azure = locate(
+        "abfs://container@account.dfs.core.windows.net/t/", StorageOptions({"azure_storage_account_key": "a2V5"})
+    )
+    assert (azure.kind, azure.path, type(azure.filesystem)) == ("azure", "container/t", pafs.AzureFileSystem)
+    assert "a2V5" not in repr(StorageOptions({"account_key": "a2V5"}))
+    local = locate("file:///data/t")
+    assert (local.kind, local.path, local.remote) == ("local", "/data/t", False)
+    with pytest.raises(ValueError, match="unsupported storage scheme 'hdfs'"):
+        locate("hdfs://namenode/t")

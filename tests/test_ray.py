@@ -94,6 +94,7 @@ def read_ids(config: dict[str, Any]) -> None:
         batch_size=config["batch_size"],
         num_workers=config["workers"],
         even_batches=config.get("even", True),
+        **({"policy": config["policy"]} if "policy" in config else {}),
     )
     rank = ray.train.get_context().get_world_rank()
     out = Path(config["out"]) / f"{config['run']}-rank{rank}.txt"
@@ -131,6 +132,7 @@ def test_trainer_workers_read_exactly_their_ranks_rows(make_table: Callable[...,
     out = tmp_path / "ids"
     out.mkdir()
     config = {"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "all", "even": False}
+    config["policy"] = "stripe"
     fit(config, tmp_path / "runs", "all")
     for rank in range(2):
         assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2)
@@ -142,7 +144,7 @@ def test_run_stopped_mid_epoch_resumes_every_row_once(make_table: Callable[..., 
     spec = make_table(SPLITS)
     out = tmp_path / "ids"
     out.mkdir()
-    config = {"spec": spec, "batch_size": 100, "workers": 0, "out": str(out)}
+    config = {"spec": spec, "batch_size": 100, "workers": 0, "out": str(out), "policy": "stripe"}
     storage = tmp_path / "runs"
 
     with pytest.raises(ray.train.TrainingFailedError, match="stopped on purpose"):
@@ -221,6 +223,25 @@ def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(s3_server: 
     out = tmp_path / "ids"
     out.mkdir()
     config = {"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "s3", "even": False}
+    config["policy"] = "stripe"
     fit(config, tmp_path / "runs", "s3")
     for rank in range(2):
         assert ids_of(out, "s3", rank) == rank_ids(spec, rank, 2)
+
+
+def test_train_loader_balances_uneven_splits_by_default_and_leaves_out_at_most_a_row_per_consumer(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    # Striped, these splits gave the two ranks 7,200 and 4,900 rows, and even batches left out 4,600.
+    sizes = [3000, 700, 4100, 2500, 1800]
+    spec = make_table(sizes, backend="parquet")
+    out = tmp_path / "ids"
+    out.mkdir()
+    fit({"spec": spec, "batch_size": 100, "workers": 1, "out": str(out), "run": "default"}, tmp_path / "runs", "d")
+    read = [ids_of(out, "default", rank) for rank in range(2)]
+    assert len(read[0]) == len(read[1]) == sum(sizes) // 2
+    assert sorted(read[0] + read[1]) == list(range(sum(sizes)))
+    for rank in range(2):
+        assert read[rank] == [
+            int(i) for batch in TableDataset(spec, policy="balanced", rank=rank, world_size=2) for i in batch["id"]
+        ]

@@ -71,6 +71,12 @@ def open_source(spec: TableSpec) -> Source:
         sds: sds.SdsSource,
     }
     source = opened[backend](spec)
+    missing = [item.column for item in spec.media if item.column not in source.schema.names]
+    if missing:
+        raise ValueError(
+            f"media projections name columns {missing} that the scan of {spec.uri!r} does not return; "
+            f"it returns {source.schema.names}"
+        )
     return source
 
 

@@ -190,9 +190,13 @@ def _remember(kind: str, file: FileVersion, footer: pq.FileMetaData) -> None:
 
 def resolve(spec: TableSpec) -> TableSpec:
     """``spec`` pinned to the files its uri names now."""
+    location = _locate(spec)
+    if not location.remote and spec.uri != f"{_PREFIX}{location.path}":
+        # A pinned spec travels to processes that may run elsewhere (Ray workers run in folders
+        # of their own), so a local path is pinned as an absolute one.
+        spec = replace(spec, uri=f"{_PREFIX}{location.path}")
     if spec.files is not None:
         return spec
-    location = _locate(spec)
     infos = _list(spec, location)
     if location.remote and len(infos) > 1:
         # Behind a store's latency the footers cost round trips, not bytes: read them together.

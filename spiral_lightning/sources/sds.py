@@ -114,7 +114,10 @@ def resolve(spec: TableSpec) -> TableSpec:
     """``spec`` pinned to the snapshot its root publishes now."""
     if parse(spec.uri).snapshot is not None:
         return spec
-    _, pin = _open(parse(spec.uri).root)
+    root = parse(spec.uri).root
+    # A pinned spec travels to processes that may run elsewhere (Ray workers run in folders of
+    # their own), so a local root is pinned as an absolute path.
+    _, pin = _open(root if "://" in root else os.path.abspath(root))
     return replace(spec, uri=_format(pin))
 
 

@@ -103,6 +103,12 @@ def _format(location: SpiralLocation, resource_id: str, version_id: str) -> str:
 def resolve(spec: TableSpec) -> TableSpec:
     """``spec`` with the exact ids of the version its uri names."""
     location = parse(spec.uri)
+    if location.root is not None and not Path(location.root).is_absolute():
+        # A pinned spec travels to processes that may run elsewhere (Ray workers run in folders
+        # of their own), so a root is pinned as an absolute path.
+        location = location._replace(root=str(Path(location.root).absolute()))
+        if location.resolved:
+            return replace(spec, uri=_format(location, location.resource_id or "", location.version_id or ""))
     if location.resolved:
         return spec
     if location.root is not None:
@@ -208,7 +214,8 @@ def _pixels(name: str, image: Image) -> spiral.Expression:
         ) from None
     pixels = spiral.column(name)
     if image.size is not None:
-        width, height = image.size
+        # The size is (height, width); Spiral's resize takes width first.
+        height, width = image.size
         pixels = spiral.call(
             "spql.image.resize",
             pixels,
@@ -257,7 +264,10 @@ class SpiralSource:
                 raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
         self._selected = list(spec.columns or schema.names)
         pixels = {image.column: image for image in spec.media if isinstance(image, Image)}
-        self._decoded = frozenset(name for name in pixels if _is_extension(schema.field(name), _PIXELS))
+        # A projection of a column the scan does not return is named by open_source, not here.
+        self._decoded = frozenset(
+            name for name in pixels if name in self._selected and _is_extension(schema.field(name), _PIXELS)
+        )
         self._projection = _projection(schema, self._selected, {name: pixels[name] for name in self._decoded})
         try:
             self._scan = table.scan(self._columns(), projection=self._projection, filter=self._filter)

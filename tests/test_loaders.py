@@ -1,0 +1,94 @@
+"""The loaders a dataset makes for itself, transforms run in the workers, and what even batches
+say about the rows they leave out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec
+from spiral_lightning.dataset import even_note
+from tests.loaders import stopped_and_resumed
+
+SIZES = [300, 40, 500, 160]
+TOTAL = sum(SIZES)
+
+
+def with_double(batch: dict[str, Any]) -> dict[str, Any]:
+    """A transform that must run where the batch is made: it records the worker's process."""
+    return {**batch, "double": batch["x"] * 2, "pid": torch.tensor([torch.utils.data.get_worker_info() is not None])}
+
+
+def ids(batches: Any) -> list[int]:
+    return [int(i) for batch in batches for i in batch["id"]]
+
+
+@pytest.mark.slow
+def test_a_datasets_loader_hands_on_its_batches_counts_them_and_resumes(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table(SIZES, columns=["id", "x"])
+    dataset = TableDataset(spec, batch_size=64)
+    loader = dataset.loader(num_workers=2)
+    assert (loader.multiprocessing_context.get_start_method(), loader.persistent_workers) == ("forkserver", True)
+    batches = list(loader)
+    # The dataset's own batches, not a DataLoader's stack of them.
+    assert all(batch["id"].ndim == 1 and len(batch["id"]) <= 64 for batch in batches)
+    assert len(loader) == len(batches) == dataset.batches(2)
+    assert sorted(ids(batches)) == list(range(TOTAL))
+    # Persistent workers read the next epoch too.
+    assert sorted(ids(loader)) == list(range(TOTAL))
+
+    before, after = stopped_and_resumed(lambda: TableDataset(spec, batch_size=64).loader(num_workers=2), stop=4)
+    assert sorted(ids(before) + ids(after)) == list(range(TOTAL))
+
+    with pytest.raises(ValueError, match=r"cuts its own batches.*\[batch_size, rows, \.\.\.\]"):
+        dataset.loader(batch_size=64)
+
+
+@pytest.mark.slow
+def test_a_map_style_loader_stacks_rows_in_a_new_order_each_epoch(make_table: Callable[..., TableSpec]) -> None:
+    dataset = TableMapDataset(make_table(SIZES, columns=["id", "x"]))
+    loader = dataset.loader(batch_size=32, num_workers=2, shuffle=True, seed=5)
+    first = ids(loader)
+    loader.sampler.set_epoch(1)
+    second = ids(loader)
+    assert sorted(first) == sorted(second) == list(range(TOTAL))
+    assert first != second
+    assert len(loader) == -(-TOTAL // 32)
+
+
+@pytest.mark.slow
+def test_a_transform_runs_on_every_batch_in_the_workers(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table(SIZES, columns=["id", "x"])
+    batches = list(TableDataset(spec, batch_size=100, transform=with_double).loader(num_workers=2))
+    assert all(bool(batch["pid"]) for batch in batches)
+    assert all(torch.equal(batch["double"], batch["x"] * 2) for batch in batches)
+    assert sorted(ids(batches)) == list(range(TOTAL))
+
+    data = SpiralDataModule(spec, batch_size=100, num_workers=2, transform=with_double)
+    data.setup("fit")
+    assert all(bool(batch["pid"]) and "double" in batch for batch in data.train_dataloader())
+    data = SpiralDataModule(spec, batch_size=100, access="map", transform=with_double)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert torch.equal(batch["double"], batch["x"] * 2)
+
+
+def test_a_datamodule_names_a_bad_column_filter_or_policy_when_built(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table(SIZES)
+    with pytest.raises(ValueError, match=r"unknown columns \['nope'\]"):
+        SpiralDataModule(spec, columns=["id", "nope"])
+    with pytest.raises(ValueError, match="weight"):
+        SpiralDataModule(spec, filter="weight > 2")
+    with pytest.raises(ValueError, match="unknown policy 'balance'"):
+        SpiralDataModule(spec, policy="balance")
+
+
+def test_even_batches_say_what_they_leave_out_and_warn_past_a_batch_per_consumer() -> None:
+    note, warn = even_note(3, consumers=4, quota=100, left_out=4, batch_size=64)
+    assert note == "even batches in epoch 3: each of the 4 consumers reads 100 rows, leaving out 4 rows of this epoch"
+    assert not warn
+    note, warn = even_note(0, consumers=4, quota=700, left_out=9300, batch_size=64)
+    assert warn and "more than a batch per consumer" in note and "'balanced'" in note
