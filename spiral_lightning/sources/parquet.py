@@ -487,7 +487,8 @@ class ParquetSource:
         try:
             parts = [part.result() for part in pending.parts]
         except OSError as error:
-            if isinstance(error, ConnectionError | PermissionError) or str(error).startswith("the Parquet files"):
+            # Opening the file already said what failed and what to check.
+            if isinstance(error, ConnectionError | PermissionError):
                 raise
             path = self._planned[pending.file].path
             raise _remote_error(self._spec, f"reading row group {pending.group} of {path!r}", error) from error
