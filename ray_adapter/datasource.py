@@ -54,7 +54,8 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
 
     The spec is resolved and the table opened once, here in the driver, to plan; a missing table,
     unknown column or bad filter raises here rather than inside a task. Media projections decode
-    into tensors, which Arrow blocks cannot hold, so a spec with ``media`` is refused.
+    into tensors, which Arrow blocks cannot hold, so a spec with ``media`` is refused, and so is
+    one with ``padded`` columns, which pad only where rows become tensors.
     """
 
     def __init__(
@@ -71,6 +72,12 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
             raise ValueError(
                 "TableDatasource yields Arrow blocks and cannot hold decoded media; read the encoded columns "
                 "and decode them in Dataset.map_batches, or train through ray_adapter.train_loader"
+            )
+        if self.spec.padded:
+            raise ValueError(
+                "TableDatasource yields Arrow blocks, which keep ragged columns as lists, so padded columns do not "
+                "apply; drop padded from the spec and pad in iter_torch_batches' collate_fn, or train through "
+                "ray_adapter.train_loader"
             )
         self.shard = Shard() if shard is None else Shard(*shard).check()
         source = open_source(self.spec)

@@ -122,6 +122,8 @@ class _EvenLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
 
     def __iter__(self) -> Any:
         dataset: TableDataset = self.dataset
+        # Every worker of the Ray Train group starts each epoch, so the counts can be shared.
+        dataset.count_shared(self.num_workers)
         quota, left_out = dataset.even_rows(self.num_workers)
         dataset.set_rows_per_consumer(quota if self._limit is None else min(quota, self._limit))
         if dataset.rank == 0:
@@ -161,6 +163,10 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
         "epoch": dataset.epoch,
         "loader": loader.state_dict(),
     }
+    lineage = dataset.lineage()
+    if lineage is not None and dataset.rank == 0:
+        # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
+        state["lineage"] = lineage
     path = Path(folder) / state_file(dataset.rank)
     torch.save(state, path)
     return path
@@ -178,9 +184,9 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     paths = sorted(Path(folder).glob(STATE_FILES))
     first = torch.load(paths[0], weights_only=True) if paths else None
     if isinstance(first, Mapping) and (
-        first.get("world_size"),
-        first.get("num_workers"),
-    ) != (dataset.world_size, loader.num_workers):
+        (first.get("world_size"), first.get("num_workers")) != (dataset.world_size, loader.num_workers)
+        or "lineage" in first
+    ):
         _replan(dataset, loader.num_workers, paths)
         return
     path = Path(folder) / state_file(dataset.rank)
@@ -210,7 +216,10 @@ def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
         raise ValueError(
             f"the checkpoint holds {len(states)} rank states of {states[0]['world_size']}; re-planning needs all"
         )
-    dataset.load_elastic([consumer for state in states for consumer in consumer_states(state["loader"])])
+    lineage = next((state["lineage"] for state in states if "lineage" in state), None)
+    dataset.load_elastic(
+        [consumer for state in states for consumer in consumer_states(state["loader"])], lineage=lineage
+    )
 
 
 def _check(

@@ -7,6 +7,8 @@ from spiral_lightning.loader import SpiralLoader
 from spiral_lightning.mapstyle import TableMapDataset
 from spiral_lightning.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
 from spiral_lightning.mixture import Mixture
+from spiral_lightning.packing import PackedDataset, Packing
+from spiral_lightning.sequences import Padded, TooLong
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.state import Cursor, State
 from spiral_lightning.tensors import NullError, Nulls, to_torch
@@ -28,6 +30,9 @@ __all__ = [
     "Mixture",
     "NullError",
     "Nulls",
+    "PackedDataset",
+    "Packing",
+    "Padded",
     "Policy",
     "Shard",
     "Shuffled",
@@ -38,6 +43,7 @@ __all__ = [
     "TableDataset",
     "TableMapDataset",
     "TableSpec",
+    "TooLong",
     "Video",
     "WindowDataset",
     "Windows",

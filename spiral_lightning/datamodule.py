@@ -13,12 +13,14 @@ import lightning.pytorch as pl
 import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import default_collate
-from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead, even_note
+from spiral_lightning.elastic_map import MapLineage, MapLink, ReplannedSampler
 from spiral_lightning.frames import LAST_MODES, Last
 from spiral_lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.mapstyle import TableMapDataset
+from spiral_lightning.packing import PackedDataset, Packing
+from spiral_lightning.padding import WithValid, check_unmasked, padding_batch, padding_note
 from spiral_lightning.sources import open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.transfer import send_by_name
@@ -52,7 +54,9 @@ class SpiralDataModule(pl.LightningDataModule):
     quota of rows when there is more than one rank: the minimum of their exact counts after the
     filter, so every rank yields the same batches and DDP cannot wait forever on a rank that ran
     out. The rows past the quota are dropped for that epoch and their number logged; with the
-    default ``balanced`` policy they are only what the filter made unequal.
+    default ``balanced`` policy they are only what the filter made unequal. Validation, test and
+    predict drop nothing: every batch of theirs carries ``valid`` (see ``padding``), and a rank
+    with fewer batches than another ends with padding batches whose rows it marks False.
 
     ``access="map"`` trains through a ``TableMapDataset`` instead: rows drawn in a new order
     every epoch (``seed`` and the epoch) by torchdata's ``StatefulDistributedSampler``, read in
@@ -63,6 +67,11 @@ class SpiralDataModule(pl.LightningDataModule):
     saved) with the world size and worker count; on resume each rank restores its own.
 
     Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
+
+    ``packing`` trains on blocks of tokens instead of rows: a ``PackedDataset`` packs the train
+    table's token column into blocks of ``packing.length`` tokens, ``batch_size`` blocks a batch,
+    and even batches count blocks. Validation, test and predict still read rows (pad a ragged
+    column with ``TableSpec(padded=...)``).
 
     ``transform`` is called on each batch of every stage, after decoding, in the DataLoader
     worker that reads it (see ``TableDataset``); under ``access="map"``, on each collated batch.
@@ -97,8 +106,15 @@ class SpiralDataModule(pl.LightningDataModule):
         read_ahead: int = DEFAULT_READ_AHEAD,
         storage_options: dict[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        packing: Packing | None = None,
     ) -> None:
         super().__init__()
+        if packing is not None and (not isinstance(packing, Packing) or access == "map"):
+            raise ValueError(
+                f"packing must be a Packing(column, length, separator) read with access='iterable', not {packing!r} "
+                f"with access={access!r}"
+            )
+        self.packing = packing
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -168,6 +184,7 @@ class SpiralDataModule(pl.LightningDataModule):
         for name in _STAGES[stage]:
             if name not in self.tables:
                 continue
+            evaluates = name != "train"
             self.datasets[name] = TableDataset(
                 self._pinned(self.tables[name]),
                 batch_size=self.batch_size,
@@ -176,14 +193,35 @@ class SpiralDataModule(pl.LightningDataModule):
                 rank=rank,
                 world_size=world_size,
                 read_ahead=self.read_ahead,
-                transform=self.transform,
+                transform=WithValid(self.transform) if evaluates else self.transform,
             )
+            if evaluates:
+                check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
+        if stage == "fit" and self.packing is not None:
+            self.datasets["train"] = self._packed(self.datasets["train"])
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
             self._check_version(self._restored, self.datasets["train"])
+
+    def _packed(self, rows: TableDataset) -> PackedDataset:
+        """The train dataset packing ``rows``' pinned table (see ``packing``)."""
+        assert self.packing is not None, "only a DataModule with packing packs"
+        return PackedDataset(
+            rows.spec,
+            column=self.packing.column,
+            length=self.packing.length,
+            separator=self.packing.separator,
+            batch_size=self.batch_size,
+            last=self.last,
+            policy=self.policy,
+            rank=rows.rank,
+            world_size=rows.world_size,
+            read_ahead=self.read_ahead,
+            transform=self.transform,
+        )
 
     def _pinned(self, spec: TableSpec) -> TableSpec:
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
@@ -240,9 +278,7 @@ class SpiralDataModule(pl.LightningDataModule):
         rank, world_size = self._rank()
         # Dropping the last rows (fewer than one per rank) keeps ranks equal without the repeated
         # rows that DistributedSampler pads with otherwise.
-        sampler = StatefulDistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=world_size > 1
-        )
+        sampler = ReplannedSampler(dataset, world_size=world_size, rank=rank, seed=self.seed)
         dropped = len(dataset) - len(sampler) * world_size
         if dropped:
             rank_zero_info(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
@@ -253,9 +289,17 @@ class SpiralDataModule(pl.LightningDataModule):
                 return len(sampler) // self.batch_size
             return -(-len(sampler) // self.batch_size)
 
+        epoch = self._epoch()
+        restored, self._restored = self._restored, None
+        replanned: Position | None = None
+        if restored is not None:
+            self._check_version(restored, dataset)
+            if self._replans(restored):
+                replanned = self._replan_map(sampler, restored)
+        done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset,
-            batches=prepare(self._epoch()),
+            batches=prepare(epoch) + done,
             epoch=self._epoch,
             prepare=prepare,
             batch_size=self.batch_size,
@@ -264,17 +308,46 @@ class SpiralDataModule(pl.LightningDataModule):
             collate_fn=None if self.transform is None else _TransformedCollate(self.transform),
             **self._options(),
         )
-        restored, self._restored = self._restored, None
-        if restored is not None:
-            self._check_version(restored, dataset)
-            if self._replans(restored):
-                raise ValueError(
-                    "access='map' resumes only under the world size and num_workers it was saved with "
-                    f"({restored['world_size']} ranks, num_workers={restored['num_workers']})"
-                )
+        if replanned is not None:
+            loader.continue_replanned(replanned.epoch, replanned.batches)
+        elif restored is not None:
             self._restore(loader, restored)
         self._train_loader = loader
         return loader
+
+    def _replan_map(self, sampler: ReplannedSampler, state: dict[str, Any]) -> Position | None:
+        """Deal the row numbers that ``state``'s ranks had not delivered in their sampler order
+        to this run's ranks (see ``elastic_map``): the epoch and the batches it had delivered,
+        or ``None`` when no rank had started reading."""
+        positions = [rank["position"] for rank in state["ranks"]]
+        if all(position is None for position in positions):
+            return None
+        if any(position is None for position in positions):
+            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
+        epoch = positions[0]["epoch"]
+        if any(position["epoch"] != epoch for position in positions):
+            raise ValueError(
+                f"the checkpoint's ranks stopped in different epochs {[p['epoch'] for p in positions]}; "
+                "an access='map' position is re-planned only when every rank stopped in one epoch"
+            )
+        rows = len(sampler.dataset)
+        lineage = MapLineage(rows, self.seed, epoch)
+        if "lineage" in state:
+            lineage = MapLineage.from_dict(state["lineage"])
+            if (lineage.rows, lineage.seed, lineage.epoch) != (rows, self.seed, epoch):
+                raise ValueError(
+                    f"the checkpoint's map re-plan lineage is of {lineage.rows} rows, seed {lineage.seed} and epoch "
+                    f"{lineage.epoch}; this run reads {rows} rows with seed {self.seed} in epoch {epoch}: resume "
+                    "with the seed and table that saved it"
+                )
+        delivered = tuple((position["batches"] - lineage.batches) * self.batch_size for position in positions)
+        link = MapLink(state["world_size"], delivered)
+        dropped = sampler.replan(lineage.then(link, positions[0]["batches"]))
+        rank_zero_info(
+            f"SpiralDataModule: re-planned access='map' epoch {epoch}, saved by {state['world_size']} ranks, for "
+            f"{sampler.num_replicas} ranks" + (f", leaving out {dropped} rows of it for equal ranks" if dropped else "")
+        )
+        return Position(epoch, positions[0]["batches"], {})
 
     def _replan(self, dataset: TableDataset, state: dict[str, Any]) -> Position | None:
         """Share the rows that ``state``'s consumers had not delivered among this run's: the
@@ -284,7 +357,7 @@ class SpiralDataModule(pl.LightningDataModule):
             return None
         if any(position is None for position in positions):
             raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
-        dataset.load_elastic(_consumers(state))
+        dataset.load_elastic(_consumers(state), lineage=state.get("lineage"))
         rank_zero_info(
             f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
             f"num_workers={state['num_workers']}, for {dataset.world_size} ranks with num_workers={self.num_workers}"
@@ -302,11 +375,26 @@ class SpiralDataModule(pl.LightningDataModule):
 
     def _eval_loader(self, stage: Stage) -> SpiralLoader | list[SpiralLoader]:
         """The loader of ``stage``; no loaders (an empty list, which Lightning skips) when the
-        DataModule has no table for it, so fitting without a val table trains without validating."""
+        DataModule has no table for it, so fitting without a val table trains without validating.
+
+        With ``even_batches`` and more than one rank, every rank yields the batches of the rank
+        with the most, the others ending with padding batches (see ``padding``). A collective:
+        Lightning asks every rank for the loader at the same point."""
         if stage not in self.tables and stage == "val":
             return []
         dataset = self._dataset(stage)
-        return SpiralLoader(dataset, batches=dataset.batches(self.num_workers), **self._options())
+        mine = dataset.batches(self.num_workers)
+        if not self.even_batches or self.trainer is None or self.trainer.world_size == 1:
+            return SpiralLoader(dataset, batches=mine, **self._options())
+        strategy = self.trainer.strategy
+        counts = strategy.all_gather(torch.tensor([mine], device=strategy.root_device)).flatten().tolist()
+        if min(counts) == max(counts):
+            return SpiralLoader(dataset, batches=mine, **self._options())
+        rank_zero_info(f"SpiralDataModule: {padding_note(stage, counts)}")
+        # Read by every rank alike, so a transform that drops the mask fails on all of them at
+        # once, rather than leaving the ranks that do not pad waiting for the one that failed.
+        pad = padding_batch(dataset, stage)
+        return SpiralLoader(dataset, batches=max(counts), pad=pad, **self._options())
 
     def _epoch(self) -> int:
         return 0 if self.trainer is None else self.trainer.current_epoch
@@ -316,6 +404,8 @@ class SpiralDataModule(pl.LightningDataModule):
         quota of every consumer. The rank's batches in that epoch."""
         dataset = self._dataset("train")
         dataset.set_epoch(epoch)
+        # Every rank prepares every epoch at the same point, so the counts can be shared.
+        dataset.count_shared(self.num_workers)
         if self.even_batches and dataset.world_size > 1:
             quota, dropped = dataset.even_rows(self.num_workers)
             if quota != dataset.rows_per_consumer:
@@ -342,13 +432,28 @@ class SpiralDataModule(pl.LightningDataModule):
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
-        return {
+        state = {
             "format": STATE_FORMAT,
             "version": loader.table.spec.version,
             "world_size": world_size,
             "num_workers": self.num_workers,
             "ranks": ranks,
         }
+        lineage = self._lineage(loader)
+        if lineage is not None:
+            # Once per checkpoint: the consumers' states name it by digest.
+            state["lineage"] = lineage
+        return state
+
+    @staticmethod
+    def _lineage(loader: SpiralLoader) -> dict[str, Any] | None:
+        """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
+        if isinstance(loader.table, TableDataset):
+            return loader.table.lineage()
+        sampler = loader.sampler
+        if isinstance(sampler, ReplannedSampler) and sampler.lineage is not None:
+            return sampler.lineage.to_dict() if sampler.lineage.epoch == sampler.epoch else None
+        return None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the positions of a checkpoint; each rank restores its own into its train loader.
@@ -384,7 +489,9 @@ class SpiralDataModule(pl.LightningDataModule):
         another world size or worker count, or inside an epoch that was re-planned before."""
         if state["world_size"] != self._rank()[1] or state["num_workers"] != self.num_workers:
             return True
-        return self.access == "iterable" and any("remainder" in consumer for consumer in _consumers(state))
+        if self.access == "map":
+            return "lineage" in state
+        return any("remainder" in consumer for consumer in _consumers(state))
 
     def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
         rank, _ = self._rank()

@@ -7,23 +7,41 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch.distributed
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.ahead import ReadAhead
-from spiral_lightning.elastic import remainder, share
+from spiral_lightning.elastic import Lineage, replan
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
+from spiral_lightning.lists import Units, consumer_rows, stored_rows, unit_key, units
 from spiral_lightning.media import Where, left_to_decode, project
-from spiral_lightning.shuffle import shuffled_chunks
+from spiral_lightning.sequences import TooLong
+from spiral_lightning.shuffle import shuffled_chunks, window_key
 from spiral_lightning.sources import Reader, Source, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.watchdog import watch
-from spiral_lightning.work import Policy, Shard, Shuffled, WorkItem, as_policy, fingerprint, policy_name, stripe
+from spiral_lightning.work import (
+    Plan,
+    Policy,
+    Shard,
+    Shuffled,
+    WorkItem,
+    as_plan,
+    as_policy,
+    balanced,
+    fingerprint,
+    policy_name,
+    stripe,
+)
+
+#: Work items counted in one call of ``Source.count``: bounds the lists a count builds at once.
+_COUNT_CALL = 65_536
 
 #: Read batches a ``TableDataset`` reads ahead of its consumer by default (see ``read_ahead``).
 DEFAULT_READ_AHEAD = 2
@@ -141,18 +159,23 @@ class TableDataset(IterableDataset[Any]):
         self._work: str | None = None
         self._delivered = 0
         self.skipped = 0
-        self._remainder: tuple[WorkItem, ...] | None = None
+        self._remainder: Plan | None = None
         self._remainder_epoch = 0
+        self._lineage: Lineage | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
         self._ahead: ReadAhead | None = None
         self._owner_pid: int | None = None
         self._counts: dict[str, int] = {}
+        self._unit_rows: dict[str, np.ndarray] = {}
+        self._rows_of: tuple[Plan, str, int, int, np.ndarray] | None = None
         self.set_rows_per_consumer(rows_per_consumer)
         # Opened here, in the process that builds the dataset, so an unknown column, media column
         # or filter fails now rather than later inside a DataLoader worker.
         self.source()
-        check_nulls(Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri)
+        check_nulls(
+            Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri, self.spec.padded
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -164,6 +187,9 @@ class TableDataset(IterableDataset[Any]):
         state["_source"] = None
         state["_source_pid"] = None
         state["_ahead"] = None
+        # Counts are the main process's business, and may be large.
+        state["_unit_rows"] = {}
+        state["_rows_of"] = None
         # The process that pickles a dataset for its workers is the one they must not outlive.
         state["_owner_pid"] = os.getpid()
         return state
@@ -257,33 +283,50 @@ class TableDataset(IterableDataset[Any]):
         shard = shard or self.shard()
         remainder = self._replanned()
         if remainder is not None:
-            return share(remainder, shard)
+            return balanced(remainder, shard)
         return self.policy(self.source().splits, shard, self.epoch)
 
-    def _replanned(self) -> tuple[WorkItem, ...] | None:
+    def _replanned(self) -> Plan | None:
         """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
         copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
         return self._remainder if self._remainder_epoch == self.epoch else None
 
-    def load_elastic(self, states: Sequence[Mapping[str, Any]]) -> None:
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
         """Continue an epoch saved by every consumer of another topology (other world size or
         worker count): the rows none of them delivered are shared among this dataset's consumers,
         each exactly once, and later epochs plan as usual. ``states`` holds every saved consumer's
-        ``state_dict``; ``ValueError`` when they are not one epoch of one version and policy."""
+        ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
+        ``lineage()`` saved beside them. ``ValueError`` when they are not one epoch of one
+        version and policy."""
         saved = [State.from_dict(state) for state in states]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
-        rows = remainder(self.source(), self.policy, saved)
+        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        found, rows = replan(self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None)
         self.set_epoch(saved[0].epoch)
         self._remainder = rows
         self._remainder_epoch = saved[0].epoch
+        self._lineage = found
         self._resume = None
 
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainder again (see
+        ``spiral_lightning.elastic``), as plain values: save it once beside every consumer's
+        ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
+        again. ``None`` in an epoch planned as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
     def __len__(self) -> int:
-        """The exact rows this rank reads over all its workers, counted from the rank's one-worker
-        work list (once per list, see ``_count``), reading only the filter's columns. With a quota
-        the count is the rank's rows read by one worker; ``batches`` counts for any worker count."""
-        return self._capped(self._count(self.work(Shard(self.rank, self.world_size))))
+        """The exact rows this rank reads over all its workers (a rank's rows do not depend on its
+        worker count), reading only the filter's columns, once per job (see ``count_shared``).
+        With a quota the count is the rank's rows read by one worker; ``batches`` counts for any
+        worker count."""
+        # A built-in policy gives a rank the same rows for any worker count: reuse the one counted last.
+        planned_at_once = self._lists(1)[2] is not None
+        workers = self._rows_of[3] if planned_at_once and self._rows_of is not None else 1
+        return self._capped(int(self._rows(workers, self.rank).sum()))
 
     def batches(self, workers: int) -> int:
         """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
@@ -293,8 +336,8 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError("a dataset without a batch_size yields read batches, which cannot be counted ahead")
         consumers = max(1, workers)
         total = 0
-        for worker in range(consumers):
-            rows = self._capped(self._count(self.work(Shard(self.rank, self.world_size, worker, consumers))))
+        for counted in self._rows(consumers, self.rank).tolist():
+            rows = self._capped(counted)
             total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
         return total
 
@@ -307,21 +350,84 @@ class TableDataset(IterableDataset[Any]):
         batches with ``last="require_full"``; give it to ``set_rows_per_consumer``. Every rank
         counts every consumer's list the same way, so all agree without talking.
         """
-        consumers = max(1, workers)
-        rows = [
-            self._count(self.work(Shard(rank, self.world_size, worker, consumers)))
-            for rank in range(self.world_size)
-            for worker in range(consumers)
-        ]
-        quota = min(rows)
+        rows = self._rows(max(1, workers))
+        quota = int(rows.min())
         if self.last == "require_full" and self.batch_size is not None:
             quota -= quota % self.batch_size
-        return quota, sum(rows) - quota * len(rows)
+        return quota, int(rows.sum()) - quota * rows.size
+
+    def count_shared(self, workers: int) -> None:
+        """Count the rows that pass the filter for this epoch's lists with ``workers`` workers a
+        rank, each rank a ``1/world_size`` share, and exchange the counts over the default
+        ``torch.distributed`` process group: the table's filter columns are then read once per
+        job, not once per rank. A collective: every rank calls it, in the same order (the
+        DataModule and Ray's ``train_loader`` do before each epoch). Without a filter, a process
+        group of this dataset's ranks or a built-in policy it does nothing, and counts are made
+        by each rank alone when asked."""
+        if self.spec.filter is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return
+        if (torch.distributed.get_rank(), torch.distributed.get_world_size()) != (self.rank, self.world_size):
+            return
+        plan, policy, key = self._lists(max(1, workers))
+        if key is None or key in self._unit_rows:
+            return
+        found = units(policy, plan, self.world_size, max(1, workers))
+        mine = np.arange(self.rank, found.split.size, self.world_size)
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, self._count_items(found, mine))
+        counted = np.empty(found.split.size, dtype=np.int64)
+        for rank, part in enumerate(parts):
+            counted[rank :: self.world_size] = part
+        self._unit_rows[key] = counted
+
+    def _lists(self, workers: int) -> tuple[Plan, Policy, str | None]:
+        """What this epoch's work lists are cut from when each rank has ``workers`` consumers:
+        the plan and the policy (or a re-planned remainder shared with ``balanced``), and what
+        names their units (``None`` for a policy planned one consumer at a time)."""
+        remainder = self._replanned()
+        if remainder is not None and self._lineage is not None:
+            return remainder, balanced, f"{unit_key(balanced, self.world_size, workers)} of {self._lineage.digest}"
+        key = unit_key(self.policy, self.world_size, workers)
+        return as_plan(self.source().splits), self.policy, None if key is None else f"{key} of the plan"
+
+    def _rows(self, workers: int, rank: int | None = None) -> np.ndarray:
+        """The rows each consumer's work list returns after the filter in this epoch when every
+        rank has ``workers`` consumers, by ``rank * workers + worker``, or those of ``rank``'s
+        consumers alone. For a built-in policy (or a remainder) every consumer is planned at
+        once, in O(plan), from the rows of its units (see ``spiral_lightning.lists``), and the
+        last answer is kept, since an epoch asks several times (even batches, ``batches``,
+        ``len``); any other policy's lists are counted in turn, those asked for only."""
+        plan, policy, key = self._lists(workers)
+        ranks = range(self.world_size) if rank is None else range(rank, rank + 1)
+        if key is None:
+            shards = [Shard(r, self.world_size, worker, workers) for r in ranks for worker in range(workers)]
+            return np.array([self._count(policy(plan, shard, self.epoch)) for shard in shards], dtype=np.int64)
+        epoch = self.epoch if isinstance(policy, Shuffled) else 0
+        asked = (policy_name(policy), epoch, workers)
+        if self._rows_of is None or self._rows_of[0] is not plan or self._rows_of[1:4] != asked:
+            if key not in self._unit_rows and self.spec.filter is None:
+                self._unit_rows[key] = stored_rows(policy, plan, self.world_size, workers)
+            elif key not in self._unit_rows:
+                found = units(policy, plan, self.world_size, workers)
+                self._unit_rows[key] = self._count_items(found, np.arange(found.split.size))
+            rows = consumer_rows(policy, plan, self._unit_rows[key], self.world_size, workers, self.epoch)
+            self._rows_of = (plan, *asked, rows)
+        return self._rows_of[4][ranks.start * workers : ranks.stop * workers]
+
+    def _count_items(self, found: Units, index: np.ndarray) -> np.ndarray:
+        """The rows after the filter of the units of ``index``, counted in calls of bounded size."""
+        counted = [
+            self.source().count(found.items(index[start : start + _COUNT_CALL]))
+            for start in range(0, index.size, _COUNT_CALL)
+        ]
+        return np.array([rows for part in counted for rows in part], dtype=np.int64)
 
     def _count(self, items: list[WorkItem]) -> int:
-        """The rows ``items`` return after the filter, counted once per work list: the version
-        never changes, so an epoch with the same lists (every epoch of ``stripe``) counts nothing
-        again."""
+        """The rows ``items`` return after the filter: their stored rows without one (no source
+        is asked), else counted once per work list: the version never changes, so an epoch with
+        the same lists counts nothing again."""
+        if self.spec.filter is None:
+            return sum(item.end - item.start for item in items)
         key = fingerprint(items)
         if key not in self._counts:
             self._counts[key] = sum(self.source().count(items))
@@ -342,7 +448,7 @@ class TableDataset(IterableDataset[Any]):
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
             skipped=self.skipped,
-            remainder=self._replanned(),
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -356,10 +462,18 @@ class TableDataset(IterableDataset[Any]):
         policy and quota; ``ValueError`` naming each setting that differs otherwise."""
         saved = State.from_dict(state)
         saved.check_matches(self._state(self.shard()))
+        if saved.remainder is not None and (
+            self._lineage is None or self._lineage.digest != saved.remainder or self._remainder_epoch != saved.epoch
+        ):
+            raise ValueError(
+                f"the state continues epoch {saved.epoch} re-planned from another topology (lineage "
+                f"{saved.remainder}), which this dataset has not re-planned; restore it with "
+                "load_elastic(every consumer's state, lineage=the lineage() saved beside them)"
+            )
         self._resume = saved
         self._settings[0] = saved.epoch
-        self._remainder = saved.remainder
-        self._remainder_epoch = saved.epoch
+        if saved.remainder is None:
+            self._remainder = None
 
     def __iter__(self) -> Iterator[Any]:
         if self._owner_pid is not None and get_worker_info() is not None:
@@ -375,7 +489,9 @@ class TableDataset(IterableDataset[Any]):
                 raise ValueError(
                     f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
                     f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
-                    "the policy must depend only on the plan, the shard and the epoch"
+                    "the policy must depend only on the plan, the shard and the epoch, and a state saved mid-epoch "
+                    "by an earlier spiral-lightning whose policy dealt otherwise (Shuffled before its block order "
+                    "became a Feistel bijection) resumes only with that version"
                 )
             check_cursor(resume.cursor, items)
             cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
@@ -413,21 +529,21 @@ class TableDataset(IterableDataset[Any]):
         nulls = Nulls(self.spec.null_fill, self.spec.null_mask)
         # Most frames are one slice of one read batch; converting each read batch once and slicing
         # its tensors costs a fraction of converting every frame.
-        slices = BatchSlices(nulls)
+        slices = BatchSlices(nulls, self.spec.padded)
 
         def rows(frame: Frame) -> Any:
             if collate is not to_torch:
                 return collate(frame.rows())
             if len(frame.parts) == 1:
                 return slices(*frame.parts[0])
-            return to_torch(frame.rows(), nulls)
+            return to_torch(frame.rows(), nulls, self.spec.padded)
 
         table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
 
         def convert(frame: Frame, first_row: int) -> Any:
             try:
                 return rows(frame)
-            except NullError as error:
+            except (NullError, TooLong) as error:
                 raise error.located(f"{table}, {Where(table, first_row).name(error.position)}") from None
 
         return convert
@@ -439,8 +555,7 @@ class TableDataset(IterableDataset[Any]):
         policy = self.policy
         if not isinstance(policy, Shuffled) or not policy.buffer_rows:
             return read_frames(reader, items, cursor, self.batch_size, self.last)
-        key = (policy.seed, self.epoch, *shard)
-        chunks = shuffled_chunks(reader, items, cursor, policy.buffer_rows, key)
+        chunks = shuffled_chunks(reader, items, cursor, policy.buffer_rows, window_key(policy.seed, self.epoch, shard))
         return cut(chunks, self.batch_size, self.last, Cursor(len(items), 0))
 
     def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:

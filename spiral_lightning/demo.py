@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spiral_lightning.datamodule import SpiralDataModule
+from spiral_lightning.padding import VALID
 from spiral_lightning.sources.spiral import IDS_FILE
 from spiral_lightning.spec import TableSpec
 from spiral_lightning.write import write_table
@@ -77,16 +78,19 @@ class DemoModel(pl.LightningModule):
         self._evaluate(batch, "test")
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        return {"id": batch["id"], "label": self(batch["features"]).argmax(dim=1)}
+        # VALID marks the rows of the table; padding rows (a DDP rank with fewer batches) are False.
+        return {"id": batch["id"], "label": self(batch["features"]).argmax(dim=1), VALID: batch[VALID]}
 
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        # Sums over the valid rows and batch_size=rows: a padding batch adds nothing to the means.
+        valid = batch[VALID].float()
+        rows = int(valid.sum())
         scores = self(batch["features"])
-        rows = len(batch["label"])
-        self.log(
-            f"{stage}_loss", F.cross_entropy(scores, batch["label"]), prog_bar=True, batch_size=rows, sync_dist=True
-        )
-        accuracy = (scores.argmax(dim=1) == batch["label"]).float().mean()
-        self.log(f"{stage}_acc", accuracy, prog_bar=True, batch_size=rows, sync_dist=True)
+        losses = F.cross_entropy(scores, batch["label"], reduction="none")
+        right = (scores.argmax(dim=1) == batch["label"]).float()
+        for name, values in (("loss", losses), ("acc", right)):
+            mean = (values * valid).sum() / max(rows, 1)
+            self.log(f"{stage}_{name}", mean, prog_bar=True, batch_size=rows, sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)

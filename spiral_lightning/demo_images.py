@@ -16,6 +16,7 @@ from torch import nn
 from spiral_lightning.datamodule import SpiralDataModule
 from spiral_lightning.ingest import ingest_images
 from spiral_lightning.media import Image
+from spiral_lightning.padding import VALID
 from spiral_lightning.spec import TableSpec
 
 #: Each class is a dominant colour; the images add noise and a random patch of another colour.
@@ -66,10 +67,11 @@ class ImageDemoModel(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        scores = self(batch["image"])
-        rows = len(batch["label"])
-        accuracy = (scores.argmax(dim=1) == batch["label"]).float().mean()
-        self.log("val_acc", accuracy, prog_bar=True, batch_size=rows, sync_dist=True)
+        # Only the valid rows count: a DDP rank with fewer batches pads with rows marked False.
+        valid = batch[VALID].float()
+        rows = int(valid.sum())
+        right = (self(batch["image"]).argmax(dim=1) == batch["label"]).float()
+        self.log("val_acc", (right * valid).sum() / max(rows, 1), prog_bar=True, batch_size=rows, sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)

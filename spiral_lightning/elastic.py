@@ -4,20 +4,324 @@ A *remainder* is the undelivered rows of every consumer of a saved epoch, as sto
 in the saved consumers' order. The new consumers share it with ``balanced`` cuts, so a state
 saved with W1 ranks of K1 workers continues under W2 ranks of K2 workers with no row lost and
 none repeated; the epochs after it plan as usual.
+
+A *lineage* makes the remainder again from the plan alone: the policy and epoch, and for each
+re-plan of the epoch (a *link*) the saved topology and where each saved consumer's undelivered
+rows began. It holds two ints per saved consumer, whatever the table's size, so a checkpoint
+keeps it once and each consumer's state names it by digest (``State.remainder``): a state stays
+small after any number of re-plans.
+
+A consumer saved inside a shuffle window (``Shuffled(buffer_rows=...)``) had delivered some of
+the window's rows in the window's shuffled order. Its link also holds the window's number and
+the rows taken: without a filter the window's rows are the consumer's next ``buffer_rows`` stored
+rows, so the rows taken are found again from the window's order (``shuffle.window_order``) and
+left out of the remainder. Under a filter they are not known without reading the window, so such
+a state is refused, naming what to do instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+import numpy as np
+
+from spiral_lightning.lists import Pieces, plan_all
+from spiral_lightning.shuffle import window_key, window_order
 from spiral_lightning.sources import Source
 from spiral_lightning.state import State
-from spiral_lightning.work import Policy, Shard, Split, WorkItem, balanced, fingerprint, policy_name
+from spiral_lightning.work import (
+    Plan,
+    Policy,
+    Shard,
+    Shuffled,
+    WorkItem,
+    as_plan,
+    balanced,
+    fingerprint,
+    policy_name,
+)
+
+#: The version of the dictionary ``Lineage.to_dict`` writes.
+LINEAGE_FORMAT = 1
+
+#: Saved consumers whose work lists are checked against their states' fingerprints in a re-plan:
+#: a policy that changed gives every consumer another list, so a spread sample finds it.
+_CHECKED = 64
 
 
-def share(remainder: Sequence[WorkItem], shard: Shard) -> list[WorkItem]:
-    """``shard``'s part of a remainder: equal stored rows per consumer, cut in remainder order."""
-    return balanced([Split(item.split, item.start, item.end) for item in remainder], shard)
+class Link(NamedTuple):
+    """One re-plan's input: ``world_size`` x ``workers`` saved consumers and, for consumer ``c``
+    (``rank * workers + worker``), the index ``items[c]`` of the first item of its work list
+    with undelivered rows and the stored row ``rows[c]`` they begin at (``items[c]`` is the
+    list's length when the consumer was done). A consumer inside a shuffle window begins its
+    window there: ``windows[c]`` numbers the window and ``taken[c]`` counts its rows delivered
+    (0 outside a window)."""
+
+    world_size: int
+    workers: int
+    items: np.ndarray
+    rows: np.ndarray
+    windows: np.ndarray
+    taken: np.ndarray
+
+    @property
+    def inside_windows(self) -> bool:
+        """Whether a consumer of the link had delivered part of a shuffle window."""
+        return bool(self.taken.any())
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What makes an epoch's remainder again from the plan of ``version``: the ``policy`` (by
+    name) and ``epoch`` of the first lists, and one ``Link`` per re-plan since, in order."""
+
+    version: str
+    policy: str
+    epoch: int
+    links: tuple[Link, ...]
+
+    @property
+    def digest(self) -> str:
+        """A short digest of the whole lineage, which consumer states name it by."""
+        digest = hashlib.sha256(f"{self.version};{self.policy};{self.epoch}".encode())
+        for link in self.links:
+            digest.update(f";{link.world_size}x{link.workers}:".encode())
+            digest.update(link.items.astype("<i8").tobytes())
+            digest.update(link.rows.astype("<i8").tobytes())
+            if link.inside_windows:
+                digest.update(link.windows.astype("<i8").tobytes())
+                digest.update(link.taken.astype("<i8").tobytes())
+        return digest.hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+        return {
+            "format": LINEAGE_FORMAT,
+            "version": self.version,
+            "policy": self.policy,
+            "epoch": self.epoch,
+            "links": [_link_dict(link) for link in self.links],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Lineage:
+        """The lineage ``to_dict`` wrote; ``ValueError`` naming the field when ``data`` is not one."""
+        if not isinstance(data, Mapping) or data.get("format") != LINEAGE_FORMAT:
+            raise ValueError(f"not a re-plan lineage of format {LINEAGE_FORMAT}: {str(data)[:200]}")
+        try:
+            links = tuple(_link_of(link) for link in data["links"])
+            lineage = cls(str(data["version"]), str(data["policy"]), int(data["epoch"]), links)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"the re-plan lineage is damaged: {error!r}") from None
+        for link in links:
+            consumers = Shard(0, link.world_size, 0, link.workers).check().world_size * link.workers
+            if any(column.shape != (consumers,) for column in (link.items, link.rows, link.windows, link.taken)):
+                raise ValueError(
+                    f"the re-plan lineage's link of {link.world_size}x{link.workers} consumers holds "
+                    f"{link.items.size} and {link.rows.size} positions; it was edited or damaged"
+                )
+        return lineage
+
+
+def _link_dict(link: Link) -> dict[str, Any]:
+    """A link as plain values; the window columns only when a consumer was inside a window."""
+    data: dict[str, Any] = {
+        "world_size": link.world_size,
+        "workers": link.workers,
+        "items": link.items.tolist(),
+        "rows": link.rows.tolist(),
+    }
+    if link.inside_windows:
+        data["windows"] = link.windows.tolist()
+        data["taken"] = link.taken.tolist()
+    return data
+
+
+def _link_of(data: Mapping[str, Any]) -> Link:
+    """The link ``_link_dict`` wrote."""
+    items = np.asarray(data["items"], dtype=np.int64)
+    outside = np.zeros(items.shape, dtype=np.int64)
+    return Link(
+        int(data["world_size"]),
+        int(data["workers"]),
+        items,
+        np.asarray(data["rows"], dtype=np.int64),
+        np.asarray(data.get("windows", outside), dtype=np.int64),
+        np.asarray(data.get("taken", outside), dtype=np.int64),
+    )
+
+
+def replan(
+    source: Source, policy: Policy, states: Sequence[State], earlier: Lineage | None, *, filtered: bool
+) -> tuple[Lineage, Plan]:
+    """The lineage of the epoch ``states`` were saved in, now re-planned, and its remainder.
+
+    ``states`` holds every consumer of one topology; when they continue an epoch re-planned
+    before, they name its lineage, which ``earlier`` must be. ``filtered``: whether the source
+    filters rows, so that a cursor's skipped output rows are found by counting."""
+    world_size, workers = _check_topology(states)
+    first = _check_alike(states, policy)
+    links: tuple[Link, ...] = ()
+    if first.remainder is not None:
+        if earlier is None:
+            raise ValueError(
+                f"the states continue an epoch re-planned before (lineage {first.remainder}); pass the lineage "
+                "saved beside them (TableDataset.lineage(), kept once per checkpoint by the DataModule and Ray) "
+                "as load_elastic(states, lineage=...)"
+            )
+        if (earlier.digest, earlier.version, earlier.epoch) != (first.remainder, first.version, first.epoch):
+            raise ValueError(
+                f"the states name lineage {first.remainder} of version {first.version}, epoch {first.epoch}; "
+                f"the lineage given is {earlier.digest} of version {earlier.version}, epoch {earlier.epoch}"
+            )
+        links = earlier.links
+    plan, current = _walk(source, policy, first.epoch, links)
+    lists = plan_all(current, plan, world_size, workers, first.epoch)
+    grouped = lists.take(np.argsort(lists.owner, kind="stable"))
+    link = _link(source, grouped, states, world_size, workers, filtered=filtered)
+    lineage = Lineage(first.version, policy_name(policy), first.epoch, (*links, link))
+    return lineage, _undelivered(grouped, link, policy, first.epoch)
+
+
+def _walk(source: Source, policy: Policy, epoch: int, links: Sequence[Link]) -> tuple[Plan, Policy]:
+    """What the consumers after ``links`` cut their lists from: the plan under ``policy``, or
+    the last link's remainder under ``balanced``."""
+    plan, current = as_plan(source.splits), policy
+    for link in links:
+        lists = plan_all(current, plan, link.world_size, link.workers, epoch)
+        plan, current = _undelivered(lists.take(np.argsort(lists.owner, kind="stable")), link, policy, epoch), balanced
+    return plan, current
+
+
+def _starts(lists: Pieces, consumers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each consumer's item count and the index of its first item in ``lists`` grouped by owner."""
+    counts = np.bincount(lists.owner, minlength=consumers)
+    return counts, np.cumsum(counts) - counts
+
+
+def _undelivered(lists: Pieces, link: Link, policy: Policy, epoch: int) -> Plan:
+    """The rows of ``lists`` (grouped by owner) that ``link``'s positions had not reached, in
+    consumer order, as a plan of stored ranges; the rows a consumer took from its shuffle
+    window (``policy``'s ``buffer_rows``, in ``epoch``) are left out too."""
+    counts, first = _starts(lists, link.world_size * link.workers)
+    # Each consumer's undelivered items are one run of its grouped list, from item ``items[c]``:
+    # marked by a running sum of +1 at each run's first item and -1 after its last.
+    begin = first + np.minimum(link.items, counts)
+    marks = np.zeros(lists.owner.size + 1, dtype=np.int32)
+    np.add.at(marks, begin, 1)
+    np.add.at(marks, first + counts, -1)
+    kept = np.cumsum(marks[:-1]) > 0
+    start = lists.start.copy()
+    resumed = begin[link.items < counts]
+    start[resumed] = link.rows[link.items < counts]
+    kept[resumed] &= start[resumed] < lists.end[resumed]
+    rest = Pieces(lists.split[kept], start[kept], lists.end[kept], lists.owner[kept])
+    if link.inside_windows:
+        rest = _without_taken(rest, link, policy, epoch)
+    return Plan.of(rest.split, rest.start, rest.end)
+
+
+def _without_taken(rest: Pieces, link: Link, policy: Policy, epoch: int) -> Pieces:
+    """``rest`` (undelivered pieces grouped by owner, each consumer's beginning at its window)
+    without the rows each consumer had taken from its window. Without a filter a window is the
+    consumer's next ``buffer_rows`` stored rows, and its order gives the rows taken."""
+    if not isinstance(policy, Shuffled) or not policy.buffer_rows:
+        raise ValueError(
+            f"the re-plan lineage says consumers were inside shuffle windows, but the policy {policy_name(policy)} "
+            "shuffles in no windows; the lineage belongs to another dataset"
+        )
+    parts: list[Pieces] = []
+    done = 0
+    for consumer in np.flatnonzero(link.taken).tolist():
+        low, high = np.searchsorted(rest.owner, [consumer, consumer + 1])
+        parts.append(rest.take(np.arange(done, low)))
+        mine = rest.take(np.arange(low, high))
+        rows = int((mine.end - mine.start).sum())
+        window = min(policy.buffer_rows, rows)
+        taken = int(link.taken[consumer])
+        if taken >= window:
+            raise ValueError(
+                f"saved consumer {consumer} of {link.world_size}x{link.workers} took {taken} rows of a shuffle "
+                f"window of {window}; the state or the lineage was edited or damaged"
+            )
+        shard = Shard(consumer // link.workers, link.world_size, consumer % link.workers, link.workers)
+        key = window_key(policy.seed, epoch, shard)
+        order = window_order(key, int(link.windows[consumer]), window)
+        parts.append(_holed(mine, np.sort(order[:taken])))
+        done = high
+    parts.append(rest.take(np.arange(done, rest.owner.size)))
+    return Pieces(*(np.concatenate([getattr(part, name) for part in parts]) for name in Pieces._fields))
+
+
+def _holed(pieces: Pieces, positions: np.ndarray) -> Pieces:
+    """``pieces`` (one consumer's, laid end to end) without the rows at ``positions`` (sorted,
+    inside them): cut at every piece and around every position, and the positions' cuts dropped."""
+    offsets = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(pieces.end - pieces.start)))
+    cuts = np.union1d(offsets, np.concatenate((positions, positions + 1)))
+    low, high = cuts[:-1], cuts[1:]
+    kept = ~np.isin(low, positions)
+    piece = np.searchsorted(offsets, low[kept], side="right") - 1
+    start = pieces.start[piece] + low[kept] - offsets[piece]
+    return Pieces(pieces.split[piece], start, start + high[kept] - low[kept], pieces.owner[piece])
+
+
+def _link(
+    source: Source, lists: Pieces, states: Sequence[State], world_size: int, workers: int, *, filtered: bool
+) -> Link:
+    """Where each saved consumer's undelivered rows begin in its list of ``lists``."""
+    consumers = world_size * workers
+    counts, first = _starts(lists, consumers)
+    items = np.zeros(consumers, dtype=np.int64)
+    rows = np.zeros(consumers, dtype=np.int64)
+    windows = np.zeros(consumers, dtype=np.int64)
+    taken = np.zeros(consumers, dtype=np.int64)
+    checked = set(np.linspace(0, consumers - 1, min(consumers, _CHECKED)).round().astype(int).tolist())
+    for state in states:
+        consumer = state.shard.rank * workers + state.shard.worker
+        mine = slice(int(first[consumer]), int(first[consumer] + counts[consumer]))
+        cursor = state.cursor
+        if cursor is None:
+            rows[consumer] = lists.start[mine.start] if counts[consumer] else 0
+            continue
+        if (
+            consumer in checked
+            and state.work is not None
+            and fingerprint(lists.take(np.r_[mine]).items()) != state.work
+        ):
+            raise ValueError(
+                f"consumer {tuple(state.shard)}'s work list differs from the one its state was saved with; "
+                "the policy must depend only on the plan, the shard and the epoch, and the table version "
+                "and library must be the ones that saved it"
+            )
+        items[consumer] = cursor.item
+        if cursor.taken:
+            if filtered:
+                raise ValueError(
+                    f"consumer {tuple(state.shard)} was saved inside shuffle window {cursor.window} of a filtered "
+                    f"table, {cursor.taken} of its rows delivered: which stored rows those were is known only by "
+                    "reading the window. Resume under the saved ranks and workers (a state saved where every "
+                    "consumer is at a window's start re-plans: a batch_size dividing buffer_rows gives such states "
+                    "every buffer_rows // batch_size batches), or re-plan a table read without a filter"
+                )
+            windows[consumer], taken[consumer] = cursor.window, cursor.taken
+        if cursor.item >= counts[consumer]:
+            continue
+        index = mine.start + cursor.item
+        split, start, end = int(lists.split[index]), int(lists.start[index]), int(lists.end[index])
+        if not start <= cursor.row <= end:
+            raise ValueError(
+                f"consumer {tuple(state.shard)}'s cursor {tuple(cursor)} points outside stored rows {start}..{end} "
+                f"of split {split}; the state was edited or damaged"
+            )
+        rows[consumer] = (
+            _first_undelivered(source, WorkItem(split, cursor.row, end), cursor.skip)
+            if filtered
+            else min(cursor.row + cursor.skip, end)
+        )
+    return Link(world_size, workers, items, rows, windows, taken)
 
 
 def _first_undelivered(source: Source, item: WorkItem, skip: int) -> int:
@@ -41,20 +345,24 @@ def _check_topology(states: Sequence[State]) -> tuple[int, int]:
     if not states:
         raise ValueError("an elastic resume needs the states of every consumer of the saved epoch, and got none")
     world_size, workers = states[0].shard.world_size, states[0].shard.workers
-    expected = {Shard(rank, world_size, worker, workers) for rank in range(world_size) for worker in range(workers)}
     given = [state.shard for state in states]
-    missing = sorted(expected - set(given))
-    if missing or len(given) != len(expected) or set(given) != expected:
+    if (
+        len(given) != world_size * workers
+        or len(set(given)) != len(given)
+        or any((shard.world_size, shard.workers) != (world_size, workers) for shard in given)
+    ):
+        expected = {Shard(rank, world_size, worker, workers) for rank in range(world_size) for worker in range(workers)}
+        missing = sorted(expected - set(given))
         raise ValueError(
             f"an elastic resume needs each of the {len(expected)} consumers of the saved {world_size} ranks x "
-            f"{workers} workers once; got {sorted(given)} (missing {missing})"
+            f"{workers} workers once; got {len(given)} states (missing {missing[:8]}"
+            f"{'...' if len(missing) > 8 else ''})"
         )
     return world_size, workers
 
 
-def remainder(source: Source, policy: Policy, states: Sequence[State]) -> tuple[WorkItem, ...]:
-    """The rows the consumers of ``states`` have not delivered in their epoch, as stored ranges."""
-    _check_topology(states)
+def _check_alike(states: Sequence[State], policy: Policy) -> State:
+    """The first of ``states``, once all are of one epoch of one version, policy and lineage."""
     first = states[0]
     for state in states:
         differ = [
@@ -62,33 +370,6 @@ def remainder(source: Source, policy: Policy, states: Sequence[State]) -> tuple[
         ]
         if differ:
             raise ValueError(f"the saved states of {first.shard} and {state.shard} differ in {differ}")
-        if state.cursor is not None and (state.cursor.window or state.cursor.taken):
-            raise ValueError(
-                "a state saved inside a shuffle window (Shuffled(buffer_rows=...)) cannot be re-planned for "
-                "other consumers; resume under the saved ranks and workers, or let the epoch finish"
-            )
     if first.policy != policy_name(policy):
         raise ValueError(f"the states were saved with policy {first.policy}, not {policy_name(policy)}")
-    undelivered: list[WorkItem] = []
-    for state in sorted(states, key=lambda saved: saved.shard):
-        planned = (
-            share(first.remainder, state.shard)
-            if first.remainder is not None
-            else policy(source.splits, state.shard, state.epoch)
-        )
-        cursor = state.cursor
-        if cursor is None:
-            undelivered += planned
-            continue
-        if state.work is not None and fingerprint(planned) != state.work:
-            raise ValueError(
-                f"consumer {tuple(state.shard)}'s work list differs from the one its state was saved with; "
-                "the policy must depend only on the plan, the shard and the epoch"
-            )
-        if cursor.item < len(planned):
-            current = planned[cursor.item]
-            start = _first_undelivered(source, WorkItem(current.split, cursor.row, current.end), cursor.skip)
-            if start < current.end:
-                undelivered.append(WorkItem(current.split, start, current.end))
-            undelivered += planned[cursor.item + 1 :]
-    return tuple(undelivered)
+    return first

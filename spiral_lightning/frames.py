@@ -142,7 +142,7 @@ def cut(chunks: Iterable[Chunk[P]], batch_size: int | None, last: Last, end: P) 
         yield Frame(tuple(parts), held), end
 
 
-def _position(run: Run, items: Sequence[WorkItem], rows: int) -> Cursor:
+def cursor_after(run: Run, items: Sequence[WorkItem], rows: int) -> Cursor:
     """The cursor after the first ``rows`` rows of ``run``."""
     if rows < run.rows.num_rows:
         return Cursor(run.item, run.row, run.skip + rows)
@@ -160,5 +160,5 @@ def read_frames(
 
     Without a ``batch_size`` each read batch is a frame as it arrives (empty ones dropped).
     """
-    chunks = (Chunk(run.rows, partial(_position, run, items)) for run in runs(reader, items, cursor))
+    chunks = (Chunk(run.rows, partial(cursor_after, run, items)) for run in runs(reader, items, cursor))
     return cut(chunks, batch_size, last, Cursor(len(items), 0))

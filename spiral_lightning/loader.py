@@ -1,12 +1,14 @@
 """SpiralLoader: the StatefulDataLoader a SpiralDataModule hands to Lightning.
 
-It reports its length in batches, follows the Trainer's epoch, and keeps its position out of
-Lightning's own loop state, which holds rank 0's loader state only and would give it to every
-rank on resume. The DataModule saves and restores each rank's real position instead.
+It reports its length in batches, follows the Trainer's epoch, pads an evaluation rank up to
+the batch count of the rank with the most, and keeps its position out of Lightning's own loop
+state, which holds rank 0's loader state only and would give it to every rank on resume. The
+DataModule saves and restores each rank's real position instead.
 """
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -60,6 +62,10 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
     epoch. A finished one (saved after the epoch's last batch) makes the next read start the
     following epoch: Lightning resumes there, and reads it from the iterator it made while its
     epoch counter still named the finished epoch.
+
+    ``pad`` (an evaluation loader's padding batch, see ``padding``) follows the dataset's own
+    batches, a fresh copy each time, until the loader has yielded ``batches``: the count of the
+    rank with the most, so that every rank of a DDP evaluation steps the same number of times.
     """
 
     def __init__(
@@ -70,11 +76,13 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         epoch: Callable[[], int] | None = None,
         prepare: Callable[[int], int] | None = None,
         batch_size: int | None = None,
+        pad: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(dataset, batch_size=batch_size, **options)
         self.table = dataset
         self.batches = batches
+        self._pad = pad
         self._epoch = epoch
         self._prepare = prepare
         self._pending: Position | None = None
@@ -117,6 +125,11 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         for batch in super().__iter__():
             self._yielded += 1
             yield batch
+        if self._pad is not None:
+            while self._yielded < self.batches:
+                self._yielded += 1
+                # A copy each time: a step that changes its batch in place must not change the next.
+                yield copy.deepcopy(self._pad)
 
     def position(self) -> Position | None:
         """Where this loader is: ``None`` before it first reads."""

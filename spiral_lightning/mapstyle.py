@@ -19,6 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from spiral_lightning.media import Where, left_to_decode, project
+from spiral_lightning.sequences import TooLong
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import NullError, Nulls, check_nulls, to_torch
@@ -90,7 +91,9 @@ class TableMapDataset(Dataset[Any]):
         # Opened here, in the process that builds the dataset, so an unknown column, media column
         # or filter fails now rather than later inside a DataLoader worker.
         self.source()
-        check_nulls(Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri)
+        check_nulls(
+            Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri, self.spec.padded
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -185,8 +188,8 @@ class TableMapDataset(Dataset[Any]):
         back = np.empty_like(order)
         back[order] = np.arange(order.size)
         try:
-            converted = to_torch(batch, Nulls(self.spec.null_fill, self.spec.null_mask))
-        except NullError as error:
+            converted = to_torch(batch, Nulls(self.spec.null_fill, self.spec.null_mask), self.spec.padded)
+        except (NullError, TooLong) as error:
             # Row k of the batch answers index wanted[order[k]].
             index = int(wanted[order[error.position]])
             raise error.located(f"{self.spec.uri}, index {index}") from None

@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.state import check_same_topology
 from spiral_lightning.tensors import to_torch
 from spiral_lightning.work import Policy, Shard, stripe
 
@@ -311,6 +312,7 @@ class Mixture(IterableDataset[Any]):
         """Continue from a state saved by a mixture with the same tables, weights, seed, stop rule,
         batch size and consumer; ``ValueError`` naming what differs otherwise."""
         saved = MixtureState.from_dict(state)
+        check_same_topology("Mixture", saved.shard, self.shard())
         saved.check_matches(self._state())
         for index, (table, progress, table_state) in enumerate(
             zip(self.tables, saved.tables, saved.states, strict=True)

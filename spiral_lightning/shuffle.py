@@ -16,7 +16,19 @@ import numpy as np
 from spiral_lightning.frames import Chunk, read_frames
 from spiral_lightning.sources import Reader
 from spiral_lightning.state import Cursor
-from spiral_lightning.work import WorkItem
+from spiral_lightning.work import Shard, WorkItem
+
+
+def window_key(seed: int, epoch: int, shard: Shard) -> tuple[int, ...]:
+    """What a consumer's window orders are drawn from, besides the window's number."""
+    return (seed, epoch, *shard)
+
+
+def window_order(key: Sequence[int], window: int, rows: int) -> np.ndarray:
+    """The order in which window ``window`` of ``rows`` rows is delivered: a permutation of
+    ``range(rows)``, the positions of the window's rows in the consumer's stream."""
+    order: np.ndarray = np.random.default_rng((*key, window)).permutation(rows)
+    return order
 
 
 def _inside(start: Cursor, after: Cursor, window: int, taken: int, size: int, rows: int) -> Cursor:
@@ -35,6 +47,6 @@ def shuffled_chunks(
     window, taken = cursor.window, cursor.taken
     for frame, after in read_frames(reader, items, start, size, "keep_partial"):
         rows = frame.rows()
-        order = np.random.default_rng((*key, window)).permutation(rows.num_rows)
+        order = window_order(key, window, rows.num_rows)
         yield Chunk(rows.take(order[taken:]), partial(_inside, start, after, window, taken, rows.num_rows))
         start, window, taken = after, window + 1, 0

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from spiral_lightning import storage
 from spiral_lightning.media import ON_ERROR, Image, OnError, Video
+from spiral_lightning.sequences import Padded
 from spiral_lightning.storage import StorageOptions, masked
 
 #: Row groups a Parquet pass fetches ahead from an object store by default (see ``TableSpec``).
@@ -59,6 +60,9 @@ class TableSpec:
     ``null_mask`` also gets a ``[rows]`` bool tensor ``<column>_valid``, True where the row has a
     value (0 / False in its null rows unless filled). A null in any other such column raises,
     naming the column and row; the datasets refuse unknown columns when they are built.
+
+    ``padded`` turns ragged columns (a list of numbers per row, of any length) into one padded
+    tensor per batch and each row's length (see ``Padded``), where the rows become tensors.
     """
 
     uri: str
@@ -73,6 +77,7 @@ class TableSpec:
     prefetch: int = DEFAULT_PREFETCH
     null_fill: Mapping[str, int | float | bool] | None = None
     null_mask: tuple[str, ...] = ()
+    padded: tuple[Padded, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or ":" not in self.uri:
@@ -123,6 +128,13 @@ class TableSpec:
         if isinstance(mask, str) or not isinstance(mask, Sequence) or not all(isinstance(name, str) for name in mask):
             raise TypeError(f"null_mask must be a list of column names, not {mask!r}")
         object.__setattr__(self, "null_mask", tuple(mask))
+        padded: Any = self.padded
+        if isinstance(padded, Padded) or not all(isinstance(item, Padded) for item in padded):
+            raise TypeError(f"padded must be a list of Padded projections, not {padded!r}")
+        columns = [item.column for item in padded]
+        if len(set(columns)) < len(columns):
+            raise ValueError(f"padded names a column more than once: {columns}; give each column one Padded")
+        object.__setattr__(self, "padded", tuple(padded))
 
     @property
     def scheme(self) -> str:

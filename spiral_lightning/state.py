@@ -39,8 +39,9 @@ class State:
     rows the consumer stops after (``None``: no quota) and ``delivered`` the rows it delivered this
     epoch, so a resumed consumer stops at the same row as an uninterrupted one. ``skipped`` counts
     the rows of the epoch whose media could not be decoded and were dropped (``on_error="skip"``).
-    ``remainder`` is the undelivered rows of an epoch re-planned from another topology (see
-    ``spiral_lightning.elastic``), which the consumers share instead of the policy's lists.
+    ``remainder`` is the digest of the lineage of an epoch re-planned from another topology (see
+    ``spiral_lightning.elastic``): its consumers share that remainder instead of the policy's
+    lists, and the lineage itself is kept once per checkpoint, not in every state.
     """
 
     version: str
@@ -53,7 +54,7 @@ class State:
     rows_per_consumer: int | None = None
     delivered: int = 0
     skipped: int = 0
-    remainder: tuple[WorkItem, ...] | None = None
+    remainder: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a state survives ``torch.save`` and JSON alike.
@@ -77,7 +78,7 @@ class State:
         if self.skipped:
             data["skipped"] = self.skipped
         if self.remainder is not None:
-            data["remainder"] = [list(item) for item in self.remainder]
+            data["remainder"] = self.remainder
         return data
 
     @classmethod
@@ -116,10 +117,12 @@ class State:
         if data["work"] is not None and not isinstance(data["work"], str):
             raise TypeError(f"the state's work fingerprint must be a string or None, not {data['work']!r}")
         remainder = data.get("remainder")
-        if remainder is not None:
-            if not isinstance(remainder, list | tuple):
-                raise ValueError(f"the state's remainder must be a list of work items, not {remainder!r}")
-            remainder = tuple(WorkItem(*_ints(item, "remainder item", 3)) for item in remainder)
+        if remainder is not None and not isinstance(remainder, str):
+            raise ValueError(
+                "the state's remainder must be the digest of a re-plan lineage, not "
+                f"{str(remainder)[:100]!r}; a state that holds its remainder's rows was saved by an earlier "
+                "spiral-lightning: finish that epoch with it, or start the epoch afresh"
+            )
         return cls(
             version=data["version"],
             shard=Shard(*shard).check(),
@@ -169,6 +172,20 @@ def check_cursor(cursor: Cursor, items: Sequence[WorkItem]) -> None:
     raise ValueError(
         f"the state's cursor {tuple(cursor)} points outside this consumer's work: expected a position in {where}; "
         "the state was edited or damaged"
+    )
+
+
+def check_same_topology(kind: str, saved: Shard, current: Shard) -> None:
+    """``ValueError`` when a ``kind`` state saved by consumer ``saved`` meets a consumer of
+    another number of ranks or workers: ``kind`` has no elastic re-plan, so the error names the
+    ways on."""
+    if (saved.world_size, saved.workers) == (current.world_size, current.workers):
+        return
+    raise ValueError(
+        f"the {kind} state was saved by a consumer of {saved.world_size} ranks x {saved.workers} workers, and is "
+        f"restored into one of {current.world_size} ranks x {current.workers} workers; a {kind} does not re-plan an "
+        "epoch for other ranks or workers: resume under the saved ranks and workers, and change them at the start "
+        "of an epoch (build the datasets anew and set_epoch, without the state)"
     )
 
 

@@ -13,6 +13,8 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from spiral_lightning.sequences import LENGTH_SUFFIX, Padded, is_ragged, pad, per_row, ragged, validity, width
+
 #: What ``to_torch`` makes of a batch: one tensor or list per column, by column name.
 Batch = dict[str, Any]
 
@@ -65,9 +67,10 @@ class NullError(ValueError):
         return NullError.at(self.column, self.position, self.example, where)
 
 
-def check_nulls(nulls: Nulls, schema: pa.Schema, table: str) -> None:
+def check_nulls(nulls: Nulls, schema: pa.Schema, table: str, padded: Sequence[Padded] = ()) -> None:
     """``ValueError`` unless every column ``nulls`` names is a column of ``schema`` (the rows
-    ``table`` returns) that becomes a tensor, with a fill value of its type."""
+    ``table`` returns) that becomes a tensor, with a fill value of its type, and every ``padded``
+    column is a ragged column of ``schema`` with a pad value of its type."""
     named = [*(nulls.fill or {}), *nulls.mask]
     unknown = sorted({name for name in named if name not in schema.names})
     if unknown:
@@ -75,7 +78,12 @@ def check_nulls(nulls: Nulls, schema: pa.Schema, table: str) -> None:
             f"null_fill and null_mask name columns {unknown} that {table!r} does not return; "
             f"its columns are {schema.names}"
         )
-    _plans(schema, nulls)
+    missing = sorted({projection.column for projection in padded} - set(schema.names))
+    if missing:
+        raise ValueError(
+            f"padded names columns {missing} that {table!r} does not return; its columns are {schema.names}"
+        )
+    _plans(schema, nulls, padded)
 
 
 _FIXED_SHAPE_TENSOR = "arrow.fixed_shape_tensor"
@@ -87,7 +95,7 @@ _SHAPED_TENSOR = b"spiral_lightning.tensor"
 _VARIABLE_SHAPE_TENSOR = "arrow.variable_shape_tensor"
 
 
-def to_torch(batch: pa.RecordBatch, nulls: Nulls | None = None) -> Batch:
+def to_torch(batch: pa.RecordBatch, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> Batch:
     """Each column of ``batch`` as a tensor or a Python list, decided by the schema alone.
 
     Integer and floating columns become ``[rows]`` tensors, and fixed-size lists of them, nested
@@ -104,9 +112,20 @@ def to_torch(batch: pa.RecordBatch, nulls: Nulls | None = None) -> Batch:
     marked by the field metadata key ``spiral_lightning.tensor``; the SDS backend writes them)
     becomes one ``[rows, ...]`` tensor when every row has one shape, else a list of per-row
     tensors; marked ``"complex": true``, its trailing dimension of 2 becomes a complex dtype.
+
+    A ragged column that ``padded`` names becomes one padded tensor and its ``<column>_length``
+    (see ``Padded``); its nulls follow ``nulls`` as a tensor column's do, a null row counting as
+    a row of no values.
     """
     converted: Batch = {}
-    for plan, array in zip(_plans(batch.schema, nulls), batch.columns, strict=True):
+    for plan, array in zip(_plans(batch.schema, nulls, padded), batch.columns, strict=True):
+        if plan.kind == "padded":
+            values, lengths, whole = plan.padded_tensor(array)
+            converted[plan.name] = values
+            converted[plan.name + LENGTH_SUFFIX] = lengths
+            if plan.mask:
+                converted[plan.name + VALID_SUFFIX] = whole
+            continue
         if plan.kind not in ("tensor", "bool"):
             converted[plan.name] = plan.convert(array)
             continue
@@ -126,11 +145,13 @@ class BatchSlices:
     schema decides every tensor column's type and fills its nulls value by value. A shaped column
     of mixed shapes (or with a null) converts to lists where some of its slices would convert to
     tensors, and a null that raises must raise for the slice that holds it, so such a batch's
-    slices are converted one by one.
+    slices are converted one by one. So are the slices of a batch with a padded column, whose
+    width is its slice's longest row (and padding a whole read batch would take far more memory).
     """
 
-    def __init__(self, nulls: Nulls | None = None) -> None:
+    def __init__(self, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> None:
         self._nulls = nulls
+        self._padded = tuple(padded)
         self._batch: pa.RecordBatch | None = None
         self._whole: Batch | None = None
 
@@ -138,25 +159,27 @@ class BatchSlices:
         """``to_torch(batch.slice(offset, length), nulls)``."""
         if batch is not self._batch:
             self._batch = batch
-            self._whole = _sliceable(batch, self._nulls)
+            self._whole = _sliceable(batch, self._nulls, self._padded)
         whole = self._whole
         if whole is None:
-            return to_torch(batch.slice(offset, length), self._nulls)
+            return to_torch(batch.slice(offset, length), self._nulls, self._padded)
         if offset == 0 and length >= batch.num_rows:
             return dict(whole)
         end = offset + length
         return {name: value[offset:end] for name, value in whole.items()}
 
 
-def _sliceable(batch: pa.RecordBatch, nulls: Nulls | None = None) -> Batch | None:
-    """``to_torch(batch, nulls)`` if each of its slices converts to the same slice of it, else
-    ``None``: a shaped column that became a list depends on its rows, and a null that raises
-    belongs to one slice."""
+def _sliceable(batch: pa.RecordBatch, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> Batch | None:
+    """``to_torch(batch, nulls, padded)`` if each of its slices converts to the same slice of it,
+    else ``None``: a shaped column that became a list or a padded column depends on its rows, and
+    a null that raises belongs to one slice."""
+    if any(plan.kind == "padded" for plan in _plans(batch.schema, nulls, padded)):
+        return None
     try:
-        whole = to_torch(batch, nulls)
+        whole = to_torch(batch, nulls, padded)
     except NullError:
         return None
-    if any(isinstance(whole[plan.name], list) and plan.kind != "list" for plan in _plans(batch.schema, nulls)):
+    if any(isinstance(whole[plan.name], list) and plan.kind != "list" for plan in _plans(batch.schema, nulls, padded)):
         return None
     return whole
 
@@ -177,7 +200,7 @@ class _Plan(NamedTuple):
     """
 
     name: str
-    kind: Literal["tensor", "bool", "list", "shaped", "complex"]
+    kind: Literal["tensor", "bool", "list", "shaped", "complex", "padded"]
     extension: bool
     sizes: tuple[int, ...] = ()
     dims: tuple[int, ...] | None = None
@@ -186,13 +209,15 @@ class _Plan(NamedTuple):
     mask: bool = False
     #: A fill value of the column's type, which a ``NullError`` suggests.
     example: Fill = 0
+    #: How a ragged column pads (kind ``padded``).
+    padded: Padded | None = None
 
     @classmethod
-    def of(cls, field: pa.Field, nulls: Nulls) -> _Plan:
-        plan = cls._of(field)
+    def of(cls, field: pa.Field, nulls: Nulls, padded: Padded | None = None) -> _Plan:
+        plan = cls._of(field) if padded is None else cls._padding(field, padded)
         fill = (nulls.fill or {}).get(field.name)
         mask = field.name in nulls.mask
-        if plan.kind not in ("tensor", "bool"):
+        if plan.kind not in ("tensor", "bool", "padded"):
             if fill is not None or mask:
                 raise ValueError(
                     f"null_fill and null_mask apply to columns that become tensors (numbers, booleans and "
@@ -204,6 +229,33 @@ class _Plan(NamedTuple):
         example: Fill = False if plan.kind == "bool" else 0.0 if pa.types.is_floating(leaf) else 0
         checked = None if fill is None else _checked_fill(field.name, fill, leaf)
         return plan._replace(fill=checked, mask=mask, example=example)
+
+    @classmethod
+    def _padding(cls, field: pa.Field, padded: Padded) -> _Plan:
+        if not is_ragged(field.type):
+            raise ValueError(
+                f"Padded({field.name!r}) pads a ragged column (a list or large_list of numbers, or of fixed-size "
+                f"lists of numbers), not {field.name!r} of type {field.type}"
+            )
+        _checked_fill(field.name, padded.pad, _leaf(field), "Padded pad")
+        return cls(field.name, "padded", False, padded=padded)
+
+    def padded_tensor(self, array: pa.Array) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A padded column, each row's count of values in it, and whether each row has its whole
+        value (a null row, or a null among its values, does not)."""
+        assert self.padded is not None, "a padded plan has its projection"
+        rows = ragged(array)
+        invalid = np.zeros(len(rows.lengths), dtype=bool) if rows.rows_valid is None else ~rows.rows_valid
+        leaf = rows.leaf
+        if leaf.null_count:
+            invalid |= per_row(rows, ~validity(leaf))
+        if self.fill is None and not self.mask and invalid.any():
+            raise NullError.at(self.name, int(np.argmax(invalid)), self.example)
+        length = width(rows, self.padded)
+        if leaf.null_count:
+            leaf = pc.fill_null(leaf, pa.scalar(self.example if self.fill is None else self.fill, leaf.type))
+        out, kept = pad(rows, leaf.to_numpy(zero_copy_only=False), length, self.padded.pad)
+        return torch.from_numpy(out), torch.from_numpy(kept), torch.from_numpy(~invalid)
 
     @classmethod
     def _of(cls, field: pa.Field) -> _Plan:
@@ -278,22 +330,29 @@ class _Plan(NamedTuple):
         return tensor, torch.from_numpy(rows_valid)
 
 
-#: The last schema and nulls converted and their plans: a loader converts batch after batch of
-#: one schema, and comparing schemas costs far less than planning them again.
-_last: tuple[pa.Schema, Nulls, tuple[_Plan, ...]] | None = None
+#: The last schema, nulls and padded columns converted and their plans: a loader converts batch
+#: after batch of one schema, and comparing schemas costs far less than planning them again.
+_last: tuple[pa.Schema, Nulls, tuple[Padded, ...], tuple[_Plan, ...]] | None = None
 
 
-def _plans(schema: pa.Schema, nulls: Nulls | None = None) -> tuple[_Plan, ...]:
+def _plans(schema: pa.Schema, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> tuple[_Plan, ...]:
     global _last
     nulls = nulls or Nulls()
+    padded = tuple(padded)
     last = _last
-    if last is not None and last[1] == nulls and last[0].equals(schema, check_metadata=True):
-        return last[2]
-    plans = tuple(_Plan.of(field, nulls) for field in schema)
-    taken = {plan.name + VALID_SUFFIX for plan in plans if plan.mask} & set(schema.names)
+    if last is not None and last[1] == nulls and last[2] == padded and last[0].equals(schema, check_metadata=True):
+        return last[3]
+    by_column = {projection.column: projection for projection in padded}
+    plans = tuple(_Plan.of(field, nulls, by_column.get(field.name)) for field in schema)
+    added = [plan.name + VALID_SUFFIX for plan in plans if plan.mask]
+    added += [plan.name + LENGTH_SUFFIX for plan in plans if plan.kind == "padded"]
+    taken = set(added) & set(schema.names)
     if taken:
-        raise ValueError(f"null_mask would add the columns {sorted(taken)}, which the table already has")
-    _last = (schema, nulls, plans)
+        raise ValueError(
+            f"null_mask and padded would add the columns {sorted(taken)}, which the table already has; "
+            "rename them or select other columns"
+        )
+    _last = (schema, nulls, padded, plans)
     return plans
 
 
@@ -304,16 +363,19 @@ def _validity(array: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
 
 
 def _leaf(field: pa.Field) -> pa.DataType:
-    """The type of a tensor column's values, below its fixed-size lists."""
+    """The type of a tensor column's values, below its fixed-size lists (and the list of a
+    ragged column)."""
     values = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
+    if pa.types.is_list(values) or pa.types.is_large_list(values):
+        values = values.value_type
     while pa.types.is_fixed_size_list(values):
         values = values.value_type
     return values
 
 
-def _checked_fill(column: str, fill: Any, leaf: pa.DataType) -> Fill:
+def _checked_fill(column: str, fill: Any, leaf: pa.DataType, option: str = "null_fill") -> Fill:
     """``fill`` when it is a value of ``leaf`` (a bool for booleans, an int in range for integers,
-    any number for floats), else ``ValueError`` naming the column."""
+    any number for floats), else ``ValueError`` naming the column and the ``option`` it came from."""
     if pa.types.is_boolean(leaf):
         fits = isinstance(fill, bool)
     elif pa.types.is_integer(leaf):
@@ -326,7 +388,7 @@ def _checked_fill(column: str, fill: Any, leaf: pa.DataType) -> Fill:
         except (OverflowError, pa.ArrowInvalid):
             fits = False
     if not fits:
-        raise ValueError(f"null_fill for column {column!r} must be a value of its type {leaf}, not {fill!r}")
+        raise ValueError(f"{option} for column {column!r} must be a value of its type {leaf}, not {fill!r}")
     checked: Fill = fill
     return checked
 

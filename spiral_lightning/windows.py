@@ -27,7 +27,7 @@ from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.state import Cursor, State
+from spiral_lightning.state import Cursor, State, check_same_topology
 from spiral_lightning.tensors import Nulls, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
@@ -325,6 +325,7 @@ class WindowDataset(IterableDataset[Any]):
         if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
             raise ValueError(f"the WindowDataset state's lead must be a non-negative int, not {lead!r}")
         saved = State.from_dict(state["table"])
+        check_same_topology("WindowDataset", saved.shard, self.shard())
         saved.check_matches(self._state(self.shard()))
         self._resume = (saved, lead)
         self.table.set_epoch(saved.epoch)
@@ -351,7 +352,8 @@ class WindowDataset(IterableDataset[Any]):
             position = self._position = WindowPosition(saved.cursor, lead)
         self._work = work
         # The spec's nulls decide what its numeric columns' nulls become, as in TableDataset.
-        filled = partial(to_torch, nulls=Nulls(self.table.spec.null_fill, self.table.spec.null_mask))
+        spec = self.table.spec
+        filled = partial(to_torch, nulls=Nulls(spec.null_fill, spec.null_mask), padded=spec.padded)
         collate = filled if self.collate is to_torch else self.collate
         for batch, after in read_windows(
             self.table.reader(), items, position, self.windows, self.batch_size, self.last

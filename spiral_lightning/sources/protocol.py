@@ -7,7 +7,7 @@ from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 
-from spiral_lightning.work import Split, WorkItem
+from spiral_lightning.work import Plan, WorkItem
 
 #: One read batch of a work list: the rows, the index of their item in the list, and the stored
 #: row after them, from which that item resumes without reading a row twice.
@@ -54,7 +54,7 @@ class Source(Reader, Protocol):
         ...
 
     @property
-    def splits(self) -> Sequence[Split]:
+    def splits(self) -> Plan:
         """The plan: every split, in stored order."""
         ...
 

@@ -25,7 +25,7 @@ from spiral_lightning.media import Image
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
 from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import TableSpec
-from spiral_lightning.work import Split, WorkItem
+from spiral_lightning.work import Plan, Split, WorkItem
 
 #: The file in a local table's root that names its resource and version ids.
 IDS_FILE = "spiral-lightning.json"
@@ -275,9 +275,9 @@ class SpiralSource:
             reason = str(error).split("\n", 1)[0]
             raise ValueError(f"the filter {spec.filter} cannot scan {spec.uri!r}: {reason}") from error
         self._metadata = _schema_metadata(location)
-        self._splits = [
+        self._splits = Plan(
             Split(index, split.start, split.end, split.estimated_rows) for index, split in enumerate(self._scan.splits)
-        ]
+        )
 
     def _columns(self) -> list[str] | None:
         """The columns a scan selects by name: none when the blob projection names them all."""
@@ -316,7 +316,7 @@ class SpiralSource:
         return self._decoded
 
     @property
-    def splits(self) -> Sequence[Split]:
+    def splits(self) -> Plan:
         return self._splits
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:

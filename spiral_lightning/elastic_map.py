@@ -1,0 +1,151 @@
+"""Elastic re-plans of map-style access: the row numbers a sampler's epoch had not delivered,
+dealt to another number of ranks.
+
+Under ``access="map"`` rank ``r`` of ``W`` reads the indices of torchdata's
+``StatefulDistributedSampler``: the epoch's permutation of the row numbers (``torch.randperm``
+seeded with ``seed + epoch``), cut to a multiple of ``W`` when ``W > 1`` and dealt ``r, r + W,
+...``. A rank's position is the batches it delivered, so its undelivered indices are its list
+after ``batches * batch_size``, whatever its worker count. A *map link* records one re-plan: the
+saved world size and the indices each rank had delivered. The *remainder*, every rank's
+undelivered indices rank after rank, is dealt to the new ranks the same way, cut to a multiple of
+their number (fewer rows than ranks left out, as in every map epoch). A *map lineage* (the table's
+rows, the seed, the epoch and the links) makes the remainder again, so a re-planned epoch can be
+saved and re-planned again; it holds one int per saved rank of each re-plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+#: The version of the dictionary ``MapLineage.to_dict`` writes.
+MAP_LINEAGE_FORMAT = 1
+
+
+class MapLink(NamedTuple):
+    """One re-plan's input: ``world_size`` saved ranks and the indices ``delivered[r]`` that
+    rank ``r`` had delivered from the front of its list."""
+
+    world_size: int
+    delivered: tuple[int, ...]
+
+
+def dealt(indices: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Each of ``world_size`` ranks' share of ``indices``, as ``DistributedSampler(drop_last=
+    world_size > 1)`` deals them: cut to a multiple of the ranks, then every ``world_size``-th."""
+    total = indices.size - indices.size % world_size if world_size > 1 else indices.size
+    return [indices[rank:total:world_size] for rank in range(world_size)]
+
+
+@dataclass(frozen=True)
+class MapLineage:
+    """What makes a re-planned map epoch's remainder again: the sampler's lists of ``rows``
+    indices in ``epoch`` with ``seed``, then one ``MapLink`` per re-plan, in order. ``batches``
+    counts the batches each rank had delivered in the epoch when the last re-plan began its lists
+    (0 with no link), so that a rank's position, which counts the whole epoch, gives what it
+    delivered from its list."""
+
+    rows: int
+    seed: int
+    epoch: int
+    links: tuple[MapLink, ...] = ()
+    batches: int = 0
+
+    def remainder(self) -> np.ndarray:
+        """The indices no rank of the last link delivered, rank after rank."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        # The permutation StatefulDistributedSampler draws, as int64 indices.
+        indices: np.ndarray = torch.randperm(self.rows, generator=generator).numpy()
+        for link in self.links:
+            lists = dealt(indices, link.world_size)
+            indices = np.concatenate(
+                [mine[min(done, mine.size) :] for mine, done in zip(lists, link.delivered, strict=True)]
+            )
+        return indices
+
+    def then(self, link: MapLink, batches: int) -> MapLineage:
+        """This lineage continued by a re-plan of ``link``, made when the epoch had delivered
+        ``batches`` batches on each rank."""
+        return MapLineage(self.rows, self.seed, self.epoch, (*self.links, link), batches)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+        return {
+            "format": MAP_LINEAGE_FORMAT,
+            "rows": self.rows,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "links": [{"world_size": link.world_size, "delivered": list(link.delivered)} for link in self.links],
+            "batches": self.batches,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MapLineage:
+        """The lineage ``to_dict`` wrote; ``ValueError`` naming what is wrong otherwise."""
+        if not isinstance(data, Mapping) or data.get("format") != MAP_LINEAGE_FORMAT:
+            raise ValueError(f"not a map re-plan lineage of format {MAP_LINEAGE_FORMAT}: {str(data)[:200]}")
+        try:
+            links = tuple(
+                MapLink(int(link["world_size"]), tuple(int(done) for done in link["delivered"]))
+                for link in data["links"]
+            )
+            lineage = cls(int(data["rows"]), int(data["seed"]), int(data["epoch"]), links, int(data["batches"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"the map re-plan lineage is damaged: {error!r}") from None
+        for link in links:
+            if link.world_size < 1 or len(link.delivered) != link.world_size or min(link.delivered) < 0:
+                raise ValueError(
+                    f"the map re-plan lineage's link of {link.world_size} ranks holds {list(link.delivered)}; "
+                    "it was edited or damaged"
+                )
+        return lineage
+
+
+class ReplannedSampler(StatefulDistributedSampler):  # type: ignore[misc]  # torchdata ships no type hints
+    """torchdata's ``StatefulDistributedSampler`` (shuffled, ``drop_last`` on more than one rank)
+    that, in the epoch of its ``lineage`` (see ``replan``), yields this rank's share of that
+    lineage's remainder instead, with the same resumable position; every other epoch is the
+    sampler's own."""
+
+    def __init__(self, dataset: Dataset[Any], *, world_size: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=world_size > 1)
+        self.lineage: MapLineage | None = None
+        self._share: np.ndarray | None = None
+
+    def replan(self, lineage: MapLineage) -> int:
+        """Read this rank's share of ``lineage``'s remainder in its epoch; the rows the cut to a
+        multiple of the ranks leaves out of it."""
+        self.lineage = lineage
+        remainder = lineage.remainder()
+        self._share = dealt(remainder, self.num_replicas)[self.rank]
+        return int(remainder.size - self._share.size * self.num_replicas)
+
+    def _replanned(self) -> np.ndarray | None:
+        """This rank's share of the remainder while its epoch is read, else ``None``."""
+        if self.lineage is None or self.lineage.epoch != self.epoch:
+            return None
+        return self._share
+
+    def __iter__(self) -> Iterator[int]:
+        share = self._replanned()
+        if share is None:
+            yield from super().__iter__()
+            return
+        # StatefulDistributedSampler's position, kept the same way over the share.
+        resumed: int | None = getattr(self, "next_yielded", None)
+        self.yielded, self.next_yielded = resumed or 0, None
+        for index in itertools.islice(share.tolist(), self.yielded, None):
+            self.yielded += 1
+            yield index
+
+    def __len__(self) -> int:
+        share = self._replanned()
+        return int(self.num_samples if share is None else share.size)

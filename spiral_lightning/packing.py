@@ -1,0 +1,526 @@
+"""Packing: each consumer's documents joined into one token stream and cut into blocks of exactly
+``length`` tokens, resumable in the middle of a document.
+
+A document is one row's list of token ids. A consumer's stream is its documents in its work
+list's order, each followed by the separator token when there is one (an empty document adds
+nothing, not even a separator). A block is ``length`` consecutive tokens of the stream; a batch
+is ``batch_size`` consecutive blocks. Each token's position is its place in its document,
+counted from 0 at the document's first token and continuing across block boundaries, so a
+block's document boundaries are where positions fall back to 0 (document masking), and a
+separator takes the position after its document's last token. The stream's tail shorter than
+one block is dropped and counted.
+
+Everything is computed per read batch with numpy over the Arrow offsets and values: no Python
+runs per document or per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import get_worker_info
+
+from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.frames import Last, Run, cursor_after, runs, start_of
+from spiral_lightning.sources import Reader, Source
+from spiral_lightning.spec import TableSpec, as_spec
+from spiral_lightning.state import Cursor, State, check_cursor
+from spiral_lightning.transfer import handed_on
+from spiral_lightning.watchdog import watch
+from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
+
+#: The version of the dictionary ``PackedDataset.state_dict`` writes.
+PACKED_FORMAT = 1
+
+#: The key of each token's position in its document in a packed batch.
+POSITIONS = "positions"
+
+Tokens = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a packed stream is made of: the token ids of ``column`` (a list or large list of
+    integers per row), cut into blocks of ``length`` tokens, with ``separator`` (a token id) after
+    each non-empty document when given. All three change the stream, so a state records them."""
+
+    column: str
+    length: int
+    separator: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column or self.column == POSITIONS:
+            raise ValueError(f"Packing needs the name of a token column other than {POSITIONS!r}, not {self.column!r}")
+        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
+            raise ValueError(f"the block length must be a positive int, not {self.length!r}")
+        separator = self.separator
+        if separator is not None and (isinstance(separator, bool) or not isinstance(separator, int)):
+            raise ValueError(f"the separator must be a token id (an int) or None, not {separator!r}")
+
+    def settings(self) -> list[Any]:
+        """``[column, length, separator]``, as a state records them."""
+        return [self.column, self.length, self.separator]
+
+
+class PackPosition(NamedTuple):
+    """Where a consumer's next block starts: the cursor of the document that holds its first
+    token, and ``offset``, that document's tokens (its separator included) already delivered."""
+
+    cursor: Cursor
+    offset: int = 0
+
+
+class Blocks(NamedTuple):
+    """Consecutive blocks of a stream: token ids and their positions, both int64 ``[blocks, length]``."""
+
+    tokens: Tokens
+    positions: Tokens
+
+
+class Stream(NamedTuple):
+    """The stream of one read batch's documents from ``first`` tokens into its first document on:
+    ``tokens`` and their ``positions``, and ``ends``, where each document's tokens end in it."""
+
+    tokens: Tokens
+    positions: Tokens
+    ends: Tokens
+    first: int
+
+
+def _documents(documents: pa.Array, where: str) -> tuple[Tokens, pa.Array]:
+    """Each document's token count and the values they index, from ``offsets[0]`` on; a null
+    document or token raises, naming ``where`` and the document."""
+    if documents.null_count or documents.values.null_count:
+        offsets = documents.offsets.to_numpy()
+        values_valid = documents.values.is_valid().to_numpy(zero_copy_only=False)
+        bad = ~documents.is_valid().to_numpy(zero_copy_only=False)
+        counts = np.concatenate(([0], np.cumsum(~values_valid)))
+        bad |= counts[offsets[1:]] > counts[offsets[:-1]]
+        if bad.any():
+            raise ValueError(
+                f"document {int(np.argmax(bad))} of {where} is null or holds a null token, which a packed stream "
+                "cannot hold; keep such rows out with a filter such as '<column> IS NOT NULL'"
+            )
+    offsets = documents.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(offsets)
+    return lengths, documents.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def stream_tokens(documents: pa.Array, packing: Packing, where: str) -> int:
+    """The tokens ``documents`` add to a stream, separators included."""
+    lengths, _ = _documents(documents, where)
+    separators = 0 if packing.separator is None else int(np.count_nonzero(lengths))
+    return int(lengths.sum()) + separators
+
+
+def document_stream(documents: pa.Array, packing: Packing, first: int, where: str) -> Stream:
+    """The stream of ``documents`` (a list array of token ids), its first ``first`` tokens left out."""
+    lengths, values = _documents(documents, where)
+    if packing.separator is None:
+        tokens = values.to_numpy().astype(np.int64)
+    else:
+        lengths = lengths + (lengths > 0)
+        separators = np.cumsum(lengths)[lengths > 0] - 1
+        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+        # One pass places and widens every token; the separators then fill the places left.
+        between = np.ones(len(tokens), dtype=bool)
+        between[separators] = False
+        tokens[between] = values.to_numpy()
+        tokens[separators] = packing.separator
+    ends = np.cumsum(lengths)
+    # Positions count up by one and fall back to 0 at each document's first token: a running sum
+    # of steps, each document's first step taking back the previous document's count.
+    nonempty = lengths > 0
+    firsts, counts = (ends - lengths)[nonempty], lengths[nonempty]
+    positions = np.ones(len(tokens), dtype=np.int64)
+    if len(firsts):
+        positions[firsts[0]] = 0
+        positions[firsts[1:]] = 1 - counts[:-1]
+    np.cumsum(positions, out=positions)
+    if first:
+        if not len(lengths) or first >= lengths[0]:
+            held = int(lengths[0]) if len(lengths) else 0
+            raise ValueError(
+                f"the state's token offset {first} lies past the {held} tokens of the document it names ({where}); "
+                "the state was edited or damaged"
+            )
+        tokens, positions, ends = tokens[first:], positions[first:], ends - first
+    return Stream(tokens, positions, ends, first)
+
+
+def _after(run: Run, stream: Stream, used: int, items: Sequence[WorkItem]) -> PackPosition:
+    """The position of the stream's token ``used`` (the next block's first) in ``run``."""
+    document = int(np.searchsorted(stream.ends, used, side="right"))
+    if document == len(stream.ends):
+        return PackPosition(cursor_after(run, items, run.rows.num_rows))
+    start = int(stream.ends[document - 1]) if document else -stream.first
+    return PackPosition(cursor_after(run, items, document), used - start)
+
+
+def read_blocks(
+    reader: Reader,
+    items: Sequence[WorkItem],
+    position: PackPosition,
+    packing: Packing,
+    batch_size: int,
+    last: Last,
+    limit: int | None = None,
+    table: str = "the table",
+) -> Generator[tuple[Blocks, PackPosition], None, int]:
+    """Batches of ``batch_size`` blocks of the stream of ``items`` from ``position`` on, each
+    with the position after it; returns the tokens of the stream's tail dropped for being shorter
+    than a block.
+
+    The blocks after the last full batch are one shorter batch with ``last="keep_partial"``, a
+    ``ValueError`` with ``"require_full"``. With a ``limit`` the stream stops after that many
+    blocks, at the position of a finished consumer. Only the tokens of the batch being filled
+    are held beyond the current read batch.
+    """
+    length = packing.length
+    size = batch_size * length
+    done = PackPosition(Cursor(len(items), 0))
+    left = limit
+    if left is not None and left <= 0:
+        return 0
+    # Tokens read but not yet delivered, as (tokens, positions) pieces of earlier read batches.
+    held: list[tuple[Tokens, Tokens]] = []
+    held_tokens = 0
+    first = position.offset
+    for run in runs(reader, items, position.cursor):
+        item = items[run.item]
+        where = f"{table}, split {item.split} from stored row {run.row} (output row {run.skip} on)"
+        stream = document_stream(run.rows.column(0), packing, first, where)
+        first = 0
+        used = 0
+        while held_tokens + len(stream.tokens) - used >= size:
+            take = size - held_tokens
+            held.append((stream.tokens[used : used + take], stream.positions[used : used + take]))
+            used += take
+            blocks = _blocks(held, batch_size, length)
+            held, held_tokens = [], 0
+            if left is not None and left <= batch_size:
+                yield _head(blocks, left), done
+                return 0
+            if left is not None:
+                left -= batch_size
+            yield blocks, _after(run, stream, used, items)
+        if used < len(stream.tokens):
+            held.append((stream.tokens[used:], stream.positions[used:]))
+            held_tokens += len(stream.tokens) - used
+    whole = held_tokens // length
+    if whole:
+        if last == "require_full":
+            raise ValueError(
+                f"{whole} blocks remain after this consumer's last full batch of {batch_size} blocks; use "
+                "last='keep_partial' to deliver them as a shorter batch, or a batch size that divides the blocks"
+            )
+        count = whole if left is None else min(whole, left)
+        yield _blocks(held, count, length), done
+        if count < whole:
+            return 0
+    return held_tokens - whole * length
+
+
+def _blocks(pieces: Sequence[tuple[Tokens, Tokens]], count: int, length: int) -> Blocks:
+    """The first ``count`` blocks of ``pieces`` joined; a single piece is viewed, not copied."""
+    size = count * length
+    if len(pieces) == 1:
+        tokens, positions = pieces[0]
+    else:
+        tokens = np.concatenate([piece[0] for piece in pieces])
+        positions = np.concatenate([piece[1] for piece in pieces])
+    return Blocks(tokens[:size].reshape(count, length), positions[:size].reshape(count, length))
+
+
+def _head(blocks: Blocks, count: int) -> Blocks:
+    """The first ``count`` blocks of ``blocks``."""
+    return Blocks(blocks.tokens[:count], blocks.positions[:count])
+
+
+def count_tokens(source: Source, items: Sequence[WorkItem], packing: Packing) -> list[int]:
+    """The stream tokens of each of ``items`` (separators included), reading only the token column."""
+    counts = [0] * len(items)
+    for batch, index, _ in source.read(items):
+        item = items[index]
+        where = f"{source.version}, split {item.split} (stored rows {item.start}..{item.end})"
+        counts[index] += stream_tokens(batch.column(0), packing, where)
+    return counts
+
+
+class PackedDataset(TableDataset):
+    """Batches of ``batch_size`` blocks of exactly ``length`` tokens from the token column
+    ``column``, each consumer packing its own work list's documents in order (see the module).
+
+    A batch is ``{column: int64 [batch_size, length], "positions": int64 [batch_size, length]}``;
+    other columns are not read. ``separator`` (a token id) follows each non-empty document when
+    given. Every token of a consumer's documents is delivered once, in order, except its tail
+    shorter than one block, which is dropped: ``dropped`` holds its tokens once the consumer's
+    pass ends, and ``tokens`` counts each consumer's stream ahead.
+
+    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``,
+    the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
+    ``last``, ``rows_per_consumer``, ``len``, ``batches`` and ``even_rows`` count blocks, so the
+    DataModule's even batches give DDP ranks equal batches. Counting reads the token column of
+    every work list counted, once per work item (each item's count is kept).
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is a
+    ``TableDataset`` state whose cursor names the document where the next block starts, plus the
+    token offset inside it and the packing it is valid for, so a resume mid-document continues the
+    identical stream, re-reading at most one batch of tokens and one read batch. A state saved
+    under another column, length or separator is refused. The elastic re-plan is not supported:
+    a remainder of stored rows would deliver the tokens of partly delivered documents again.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        column: str,
+        length: int,
+        batch_size: int,
+        separator: int | None = None,
+        last: Last = "keep_partial",
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        rows_per_consumer: int | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int (blocks per batch), not {batch_size!r}")
+        packing = Packing(column, length, separator)
+        super().__init__(
+            _token_spec(as_spec(spec, storage_options), column),
+            batch_size=batch_size,
+            last=last,
+            policy=policy,
+            rank=rank,
+            world_size=world_size,
+            collate=None,
+            rows_per_consumer=rows_per_consumer,
+            read_ahead=read_ahead,
+            transform=transform,
+        )
+        kind = self.source().schema.field(column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+            raise ValueError(
+                f"PackedDataset packs a column of token ids (a list or large_list of integers per row), not "
+                f"{column!r} of type {kind} in {self.spec.uri!r}"
+            )
+        self.packing = packing
+        self.batch_size: int = batch_size
+        self.dropped = 0
+        self._position: PackPosition | None = None
+        self._blocks = 0
+        self._packed_work: str | None = None
+        self._restored: tuple[State, int] | None = None
+        self._item_tokens: dict[WorkItem, int] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
+        if epoch != self.epoch:
+            self._position = None
+            self._blocks = 0
+            self._packed_work = None
+            self.dropped = 0
+        super().set_epoch(epoch)
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
+        """Refused: see the class."""
+        raise ValueError(
+            "a PackedDataset resumes only under the world size and worker count it was saved with: an elastic "
+            "re-plan shares stored rows, and the documents a consumer had partly delivered would be delivered "
+            "again; resume with the saved topology, or start the epoch afresh"
+        )
+
+    def tokens(self, workers: int) -> list[int]:
+        """The stream tokens (separators included) of each consumer of this rank in this epoch
+        when it has ``workers`` DataLoader workers (0 reads in the main process), in worker order."""
+        consumers = max(1, workers)
+        return self._tokens([Shard(self.rank, self.world_size, worker, consumers) for worker in range(consumers)])
+
+    def __len__(self) -> int:
+        """The blocks this rank yields in this epoch read in the main process (no workers), after
+        the quota; ``batches`` counts for any worker count."""
+        return self._capped_blocks(self._tokens([Shard(self.rank, self.world_size)])[0] // self.packing.length)
+
+    def batches(self, workers: int) -> int:
+        """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
+        workers: each consumer's whole blocks, after the quota, in batches of ``batch_size``, the
+        shorter tail counted with ``last="keep_partial"``."""
+        total = 0
+        for tokens in self.tokens(workers):
+            blocks = self._capped_blocks(tokens // self.packing.length)
+            total += -(-blocks // self.batch_size) if self.last == "keep_partial" else blocks // self.batch_size
+        return total
+
+    def even_rows(self, workers: int) -> tuple[int, int]:
+        """The blocks every consumer of every rank yields in this epoch for equal batches when each
+        rank has ``workers`` DataLoader workers, and the blocks that leaves out of the epoch: the
+        fewest whole blocks of any consumer, rounded down to whole batches with
+        ``last="require_full"``; give it to ``set_rows_per_consumer``."""
+        consumers = max(1, workers)
+        shards = [
+            Shard(rank, self.world_size, worker, consumers)
+            for rank in range(self.world_size)
+            for worker in range(consumers)
+        ]
+        blocks = [tokens // self.packing.length for tokens in self._tokens(shards)]
+        quota = min(blocks)
+        if self.last == "require_full":
+            quota -= quota % self.batch_size
+        return quota, sum(blocks) - quota * len(blocks)
+
+    def _capped_blocks(self, blocks: int) -> int:
+        quota = self.rows_per_consumer
+        return blocks if quota is None else min(blocks, quota)
+
+    def _tokens(self, shards: Sequence[Shard]) -> list[int]:
+        """The stream tokens of each of ``shards``' work lists, counting the items not counted yet
+        in one read of the token column."""
+        lists = [self.work(shard) for shard in shards]
+        missing = list(dict.fromkeys(item for items in lists for item in items if item not in self._item_tokens))
+        if missing:
+            counted = count_tokens(self.source(), missing, self.packing)
+            self._item_tokens.update(zip(missing, counted, strict=True))
+        return [sum(self._item_tokens[item] for item in items) for items in lists]
+
+    def _packed_state(self, shard: Shard) -> State:
+        return State(
+            version=self.spec.version,
+            shard=shard,
+            batch_size=self.batch_size,
+            epoch=self.epoch,
+            policy=policy_name(self.policy),
+            work=self._packed_work,
+            cursor=None if self._position is None else self._position.cursor,
+            rows_per_consumer=self.rows_per_consumer,
+            delivered=self._blocks,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's next block and the settings it is valid for, as plain values."""
+        if self._restored is not None:
+            table, offset = self._restored
+        else:
+            table, offset = self._packed_state(self.shard()), 0 if self._position is None else self._position.offset
+        return {"format": PACKED_FORMAT, "table": table.to_dict(), "packing": self.packing.settings(), "offset": offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy, quota and packing; ``ValueError`` naming what differs otherwise."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a PackedDataset state is a mapping, not {type(state).__name__}")
+        if "packing" not in state:
+            raise ValueError(
+                "the state is not a PackedDataset state: it names no packing (a TableDataset state restores into a "
+                "TableDataset)"
+            )
+        if state.get("format") != PACKED_FORMAT:
+            raise ValueError(
+                f"unknown PackedDataset state format {state.get('format')!r}; this version reads format {PACKED_FORMAT}"
+            )
+        missing = sorted({"table", "packing", "offset"} - state.keys())
+        if missing:
+            raise KeyError(f"the PackedDataset state lacks the fields {missing}")
+        saved_packing, now = state["packing"], self.packing.settings()
+        if saved_packing != now:
+            names = ("column", "length", "separator")
+            if isinstance(saved_packing, list | tuple) and len(saved_packing) == len(names):
+                differ = "; ".join(
+                    f"{name}: saved {old!r}, now {new!r}"
+                    for name, old, new in zip(names, saved_packing, now, strict=True)
+                    if old != new
+                )
+            else:
+                differ = f"saved {saved_packing!r}, now {now!r}"
+            raise ValueError(
+                f"the PackedDataset state was saved packing another token stream ({differ}); restore it into a "
+                "dataset with the same column, length and separator"
+            )
+        offset = state["offset"]
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"the PackedDataset state's offset must be a non-negative int, not {offset!r}")
+        saved = State.from_dict(state["table"])
+        if offset and saved.cursor is None:
+            raise ValueError(
+                f"the PackedDataset state has token offset {offset} but no cursor; it was edited or damaged"
+            )
+        saved.check_matches(self._packed_state(self.shard()))
+        self.set_epoch(saved.epoch)
+        self._restored = (saved, offset)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._owner_pid is not None and get_worker_info() is not None:
+            watch(self._owner_pid)
+        shard = self.shard()
+        items = self.work(shard)
+        work = fingerprint(items)
+        restored, self._restored = self._restored, None
+        position = PackPosition(start_of(items))
+        delivered = 0
+        saved, offset = restored if restored is not None else (None, 0)
+        if saved is not None and saved.cursor is not None:
+            if saved.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
+                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch"
+                )
+            check_cursor(saved.cursor, items)
+            position, delivered = PackPosition(saved.cursor, offset), saved.delivered
+        self._packed_work = work
+        self._position = position
+        self._blocks = delivered
+        self.dropped = 0
+        quota = self.rows_per_consumer
+        table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
+        blocks = read_blocks(
+            self.reader(),
+            items,
+            position,
+            self.packing,
+            self.batch_size,
+            self.last,
+            None if quota is None else quota - delivered,
+            table,
+        )
+        for batch, after in self._tallied(blocks):
+            self._position = after
+            self._blocks += len(batch.tokens)
+            tensors = {
+                self.packing.column: torch.from_numpy(batch.tokens),
+                POSITIONS: torch.from_numpy(batch.positions),
+            }
+            yield handed_on(tensors if self.transform is None else self.transform(tensors))
+
+    def _tallied(
+        self, blocks: Generator[tuple[Blocks, PackPosition], None, int]
+    ) -> Iterator[tuple[Blocks, PackPosition]]:
+        """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""
+        self.dropped = yield from blocks
+
+
+def _token_spec(spec: TableSpec, column: str) -> TableSpec:
+    """``spec`` reading only the token ``column``; ``ValueError`` for options a packed stream
+    cannot honour."""
+    if spec.columns is not None and column not in spec.columns:
+        raise ValueError(f"the token column {column!r} is not among the columns {list(spec.columns)} of {spec.uri!r}")
+    if spec.media or spec.padded:
+        raise ValueError(
+            f"a PackedDataset yields only the token column {column!r}, so the spec's media and padded projections "
+            "do not apply; drop them from the spec"
+        )
+    if spec.null_fill or spec.null_mask:
+        raise ValueError(
+            "a PackedDataset packs whole documents, so null_fill and null_mask do not apply; keep null documents "
+            f"out with filter='{column} IS NOT NULL'"
+        )
+    return replace(spec, columns=(column,))

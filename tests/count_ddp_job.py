@@ -1,0 +1,78 @@
+"""One rank of a two-process job (gloo on CPU) that shares a filtered table's counts, run as a
+script: ``--rank r`` of ``--world-size w``, meeting at ``--port``.
+
+Each rank calls ``count_shared`` then ``even_rows`` and ``batches`` for ``--epochs`` epochs, as
+the DataModule does, through a source that records its ``count`` calls, and writes the calls and
+the counts to ``<out>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed
+
+from spiral_lightning import TableDataset, TableSpec
+from spiral_lightning.sources import Source
+from spiral_lightning.work import WorkItem
+
+WORKERS = 2
+
+
+class CountingSource:
+    """A real source that also records the size of each ``count`` call made through it."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.calls: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+    def count(self, items: Sequence[WorkItem]) -> list[int]:
+        self.calls.append(len(items))
+        return self.source.count(items)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--filter", required=True)
+    parser.add_argument("--policy", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.port)
+    torch.distributed.init_process_group("gloo", rank=args.rank, world_size=args.world_size)
+    try:
+        dataset = TableDataset(
+            TableSpec(args.uri, filter=args.filter),
+            batch_size=16,
+            policy=args.policy,
+            rank=args.rank,
+            world_size=args.world_size,
+        )
+        counting = CountingSource(dataset.source())
+        dataset._source = counting  # type: ignore[assignment]
+        epochs = []
+        for epoch in range(args.epochs):
+            dataset.set_epoch(epoch)
+            dataset.count_shared(WORKERS)
+            epochs.append({"even_rows": dataset.even_rows(WORKERS), "batches": dataset.batches(WORKERS)})
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+    (args.out / f"rank{args.rank}.json").write_text(json.dumps({"calls": counting.calls, "epochs": epochs}))
+
+
+if __name__ == "__main__":
+    main()
