@@ -200,20 +200,19 @@ class SpiralDataModule(pl.LightningDataModule):
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
         if stage == "fit" and self.packing is not None:
-            self.datasets["train"] = self._packed(self.datasets["train"])
+            self.datasets["train"] = self._packed(self.datasets["train"], self.packing)
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
             self._check_version(self._restored, self.datasets["train"])
 
-    def _packed(self, rows: TableDataset) -> PackedDataset:
-        """The train dataset packing ``rows``' pinned table (see ``packing``)."""
-        assert self.packing is not None, "only a DataModule with packing packs"
+    def _packed(self, rows: TableDataset, packing: Packing) -> PackedDataset:
+        """The train dataset packing ``rows``' pinned table as ``packing`` says."""
         return PackedDataset(
             rows.spec,
-            column=self.packing.column,
-            length=self.packing.length,
-            separator=self.packing.separator,
+            column=packing.column,
+            length=packing.length,
+            separator=packing.separator,
             batch_size=self.batch_size,
             last=self.last,
             policy=self.policy,
