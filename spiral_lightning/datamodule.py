@@ -7,6 +7,7 @@ import dataclasses
 import multiprocessing
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -253,12 +254,7 @@ class SpiralDataModule(pl.LightningDataModule):
             return self._map_loader(self.map_train)
         dataset = self._dataset("train")
         epoch = self._epoch()
-        restored, self._restored = self._restored, None
-        replanned: Position | None = None
-        if restored is not None:
-            self._check_version(restored, dataset)
-            if self._replans(restored):
-                replanned = self._replan(dataset, restored)
+        restored, replanned = self._take_restored(dataset, partial(self._replan, dataset))
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
@@ -269,6 +265,17 @@ class SpiralDataModule(pl.LightningDataModule):
             self._restore(loader, restored)
         self._train_loader = loader
         return loader
+
+    def _take_restored(
+        self, dataset: TableDataset | TableMapDataset, replan: Callable[[dict[str, Any]], Position | None]
+    ) -> tuple[dict[str, Any] | None, Position | None]:
+        """The checkpoint state the train loader resumes from, taken once, and the position
+        ``replan`` makes of it when it was saved under another topology or inside a re-plan."""
+        restored, self._restored = self._restored, None
+        if restored is None:
+            return None, None
+        self._check_version(restored, dataset)
+        return restored, replan(restored) if self._replans(restored) else None
 
     def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
         """The train loader of ``access="map"``: batches of rows drawn by a sampler that shuffles
@@ -289,12 +296,7 @@ class SpiralDataModule(pl.LightningDataModule):
             return -(-len(sampler) // self.batch_size)
 
         epoch = self._epoch()
-        restored, self._restored = self._restored, None
-        replanned: Position | None = None
-        if restored is not None:
-            self._check_version(restored, dataset)
-            if self._replans(restored):
-                replanned = self._replan_map(sampler, restored)
+        restored, replanned = self._take_restored(dataset, partial(self._replan_map, sampler))
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset,

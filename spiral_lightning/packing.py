@@ -393,17 +393,9 @@ class PackedDataset(TableDataset):
         return [sum(self._item_tokens[item] for item in items) for items in lists]
 
     def _packed_state(self, shard: Shard) -> State:
-        return State(
-            version=self.spec.version,
-            shard=shard,
-            batch_size=self.batch_size,
-            epoch=self.epoch,
-            policy=policy_name(self.policy),
-            work=self._packed_work,
-            cursor=None if self._position is None else self._position.cursor,
-            rows_per_consumer=self.rows_per_consumer,
-            delivered=self._blocks,
-        )
+        # A table state whose cursor is the document of the next block and whose delivered are blocks.
+        cursor = None if self._position is None else self._position.cursor
+        return replace(self._state(shard), work=self._packed_work, cursor=cursor, delivered=self._blocks, skipped=0)
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's next block and the settings it is valid for, as plain values."""

@@ -8,13 +8,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -24,8 +22,9 @@ from hypothesis import strategies as st
 from spiral_lightning import Shard, Shuffled, Split, TableDataset, TableSpec, WorkItem, balanced, stripe
 from spiral_lightning.frames import Last
 from spiral_lightning.lists import consumer_rows, plan_all, stored_rows, unit_key, units
-from spiral_lightning.sources import Source
 from spiral_lightning.work import Plan, Policy, shuffled_blocks
+from tests.count_ddp_job import CountingSource
+from tests.objectstore import free_ports
 from tests.tables import BACKENDS, KEEP_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,21 +199,6 @@ def test_an_empty_plan_gives_every_consumer_nothing() -> None:
         assert consumer_rows(policy, Plan(), found.end - found.start, 3, 2, 0).tolist() == [0] * 6
 
 
-class CountingSource:
-    """A real source that also records the ``count`` calls made through it."""
-
-    def __init__(self, source: Source) -> None:
-        self.source = source
-        self.calls: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-    def count(self, items: Sequence[WorkItem]) -> list[int]:
-        self.calls.append(len(items))
-        return self.source.count(items)
-
-
 def counted_one_list_at_a_time(dataset: TableDataset, workers: int, ranks: Sequence[int]) -> list[int]:
     """Each consumer's rows as ``TableDataset`` first counted them: its work list through the source."""
     consumers = max(1, workers)
@@ -332,20 +316,13 @@ def test_kept_counts_follow_the_epoch_and_the_workers(make_table: Callable[..., 
             assert dataset.even_rows(workers) == expected_even_rows(fresh, workers)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["stripe", "balanced", "shuffled"])
 def test_ranks_share_the_filtered_counts_of_a_job(
     make_table: Callable[..., TableSpec], tmp_path: Path, policy: str
 ) -> None:
     spec = make_table(SIZES, seed=5, columns=["id"])
-    port, world_size = free_port(), 2
+    port, world_size = free_ports(1)[0], 2
     command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--filter", KEEP_TEXT]
     command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
     jobs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(world_size)]
