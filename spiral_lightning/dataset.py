@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.ahead import ReadAhead
-from spiral_lightning.elastic import Lineage, replan
+from spiral_lightning.elastic import Lineage, remainder_of, replan
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.lists import Units, consumer_rows, stored_rows, unit_key, units
 from spiral_lightning.media import Where, left_to_decode, project
@@ -209,8 +209,9 @@ class TableDataset(IterableDataset[Any]):
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         if epoch != self.epoch:
-            # A position belongs to its epoch: the new one starts with nothing delivered.
-            self._remainder = None
+            # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
+            # remainder stays, for its epoch only (see _replanned): a Mixture moves a table's epoch
+            # from pass to pass and may iterate the re-planned pass again.
             self._cursor = None
             self._work = None
             self._delivered = 0
@@ -291,23 +292,44 @@ class TableDataset(IterableDataset[Any]):
         copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
         return self._remainder if self._remainder_epoch == self.epoch else None
 
-    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+    def load_elastic(
+        self,
+        states: Sequence[Mapping[str, Any]],
+        lineage: Mapping[str, Any] | None = None,
+        *,
+        finished: Collection[Shard] = (),
+    ) -> None:
         """Continue an epoch saved by every consumer of another topology (other world size or
         worker count): the rows none of them delivered are shared among this dataset's consumers,
         each exactly once, and later epochs plan as usual. ``states`` holds every saved consumer's
         ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
-        ``lineage()`` saved beside them. ``ValueError`` when they are not one epoch of one
-        version and policy."""
+        ``lineage()`` saved beside them. ``finished`` names saved consumers that delivered their
+        whole list whatever their state says (a ``Mixture`` consumer whose epoch ended on this
+        table). ``ValueError`` when they are not one epoch of one version and policy."""
         saved = [State.from_dict(state) for state in states]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
         earlier = None if lineage is None else Lineage.from_dict(lineage)
-        found, rows = replan(self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None)
+        found, remainder = replan(
+            self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
+        )
         self.set_epoch(saved[0].epoch)
-        self._remainder = rows
+        self._remainder = remainder.plan
         self._remainder_epoch = saved[0].epoch
         self._lineage = found
         self._resume = None
+
+    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """Read, in its epoch, the remainder ``lineage`` (a ``lineage()``) describes, as the
+        consumers of its last re-plan do, so that their states, which name it, restore with
+        ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
+        re-plan again resumes so)."""
+        found = Lineage.from_dict(lineage)
+        if found.version != self.spec.version:
+            raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
+        self._remainder = remainder_of(self.source(), self.policy, found).plan
+        self._remainder_epoch = found.epoch
+        self._lineage = found
 
     def lineage(self) -> dict[str, Any] | None:
         """While this epoch continues a re-plan, what makes its remainder again (see

@@ -17,18 +17,23 @@ the rows taken: without a filter the window's rows are the consumer's next ``buf
 rows, so the rows taken are found again from the window's order (``shuffle.window_order``) and
 left out of the remainder. Under a filter they are not known without reading the window, so such
 a state is refused, naming what to do instead.
+
+The *share* is the policy the new consumers cut the remainder with: ``balanced`` for rows, and
+``stripe`` (whole pieces) for ``WindowDataset``, whose windows span consecutive rows of one piece
+and would be lost at a cut inside it. A windowed consumer's first undelivered piece also carries
+its *lead*: the rows after the piece's first row at which its next window starts.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from spiral_lightning.lists import Pieces, plan_all
+from spiral_lightning.lists import Pieces, dealt, plan_all
 from spiral_lightning.shuffle import window_key, window_order
 from spiral_lightning.sources import Source
 from spiral_lightning.state import State
@@ -42,10 +47,14 @@ from spiral_lightning.work import (
     balanced,
     fingerprint,
     policy_name,
+    stripe,
 )
 
 #: The version of the dictionary ``Lineage.to_dict`` writes.
 LINEAGE_FORMAT = 1
+
+#: The share of a remainder among consumers that read rows: ``balanced`` cuts.
+BALANCED = policy_name(balanced)
 
 #: Saved consumers whose work lists are checked against their states' fingerprints in a re-plan:
 #: a policy that changed gives every consumer another list, so a spread sample finds it.
@@ -58,7 +67,7 @@ class Link(NamedTuple):
     with undelivered rows and the stored row ``rows[c]`` they begin at (``items[c]`` is the
     list's length when the consumer was done). A consumer inside a shuffle window begins its
     window there: ``windows[c]`` numbers the window and ``taken[c]`` counts its rows delivered
-    (0 outside a window)."""
+    (0 outside a window). ``leads[c]`` is the lead of a windowed consumer (0 for rows)."""
 
     world_size: int
     workers: int
@@ -66,6 +75,7 @@ class Link(NamedTuple):
     rows: np.ndarray
     windows: np.ndarray
     taken: np.ndarray
+    leads: np.ndarray
 
     @property
     def inside_windows(self) -> bool:
@@ -73,20 +83,32 @@ class Link(NamedTuple):
         return bool(self.taken.any())
 
 
+class Remainder(NamedTuple):
+    """The rows of an epoch no saved consumer delivered, as a plan of stored ranges in saved
+    consumer order, and each range's lead (see ``Link``; 0 but where a windowed consumer resumes)."""
+
+    plan: Plan
+    leads: np.ndarray
+
+
 @dataclass(frozen=True)
 class Lineage:
     """What makes an epoch's remainder again from the plan of ``version``: the ``policy`` (by
-    name) and ``epoch`` of the first lists, and one ``Link`` per re-plan since, in order."""
+    name) and ``epoch`` of the first lists, one ``Link`` per re-plan since, in order, and the
+    ``share`` (by name) each re-plan's consumers cut their remainder with."""
 
     version: str
     policy: str
     epoch: int
     links: tuple[Link, ...]
+    share: str = BALANCED
 
     @property
     def digest(self) -> str:
         """A short digest of the whole lineage, which consumer states name it by."""
         digest = hashlib.sha256(f"{self.version};{self.policy};{self.epoch}".encode())
+        if self.share != BALANCED:
+            digest.update(f";{self.share}".encode())
         for link in self.links:
             digest.update(f";{link.world_size}x{link.workers}:".encode())
             digest.update(link.items.astype("<i8").tobytes())
@@ -94,17 +116,23 @@ class Lineage:
             if link.inside_windows:
                 digest.update(link.windows.astype("<i8").tobytes())
                 digest.update(link.taken.astype("<i8").tobytes())
+            if link.leads.any():
+                digest.update(b";leads")
+                digest.update(link.leads.astype("<i8").tobytes())
         return digest.hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
-        return {
+        data: dict[str, Any] = {
             "format": LINEAGE_FORMAT,
             "version": self.version,
             "policy": self.policy,
             "epoch": self.epoch,
             "links": [_link_dict(link) for link in self.links],
         }
+        if self.share != BALANCED:
+            data["share"] = self.share
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Lineage:
@@ -113,12 +141,15 @@ class Lineage:
             raise ValueError(f"not a re-plan lineage of format {LINEAGE_FORMAT}: {str(data)[:200]}")
         try:
             links = tuple(_link_of(link) for link in data["links"])
-            lineage = cls(str(data["version"]), str(data["policy"]), int(data["epoch"]), links)
+            share = str(data.get("share", BALANCED))
+            lineage = cls(str(data["version"]), str(data["policy"]), int(data["epoch"]), links, share)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"the re-plan lineage is damaged: {error!r}") from None
         for link in links:
             consumers = Shard(0, link.world_size, 0, link.workers).check().world_size * link.workers
-            if any(column.shape != (consumers,) for column in (link.items, link.rows, link.windows, link.taken)):
+            if any(
+                column.shape != (consumers,) for column in (link.items, link.rows, link.windows, link.taken, link.leads)
+            ):
                 raise ValueError(
                     f"the re-plan lineage's link of {link.world_size}x{link.workers} consumers holds "
                     f"{link.items.size} and {link.rows.size} positions; it was edited or damaged"
@@ -127,7 +158,8 @@ class Lineage:
 
 
 def _link_dict(link: Link) -> dict[str, Any]:
-    """A link as plain values; the window columns only when a consumer was inside a window."""
+    """A link as plain values; the window columns only when a consumer was inside a window, the
+    leads only when a windowed consumer had one."""
     data: dict[str, Any] = {
         "world_size": link.world_size,
         "workers": link.workers,
@@ -137,6 +169,8 @@ def _link_dict(link: Link) -> dict[str, Any]:
     if link.inside_windows:
         data["windows"] = link.windows.tolist()
         data["taken"] = link.taken.tolist()
+    if link.leads.any():
+        data["leads"] = link.leads.tolist()
     return data
 
 
@@ -151,20 +185,38 @@ def _link_of(data: Mapping[str, Any]) -> Link:
         np.asarray(data["rows"], dtype=np.int64),
         np.asarray(data.get("windows", outside), dtype=np.int64),
         np.asarray(data.get("taken", outside), dtype=np.int64),
+        np.asarray(data.get("leads", outside), dtype=np.int64),
     )
 
 
 def replan(
-    source: Source, policy: Policy, states: Sequence[State], earlier: Lineage | None, *, filtered: bool
-) -> tuple[Lineage, Plan]:
+    source: Source,
+    policy: Policy,
+    states: Sequence[State],
+    earlier: Lineage | None,
+    *,
+    filtered: bool,
+    share: Policy = balanced,
+    leads: Sequence[int] | None = None,
+    finished: Collection[Shard] = (),
+) -> tuple[Lineage, Remainder]:
     """The lineage of the epoch ``states`` were saved in, now re-planned, and its remainder.
 
     ``states`` holds every consumer of one topology; when they continue an epoch re-planned
     before, they name its lineage, which ``earlier`` must be. ``filtered``: whether the source
-    filters rows, so that a cursor's skipped output rows are found by counting."""
+    filters rows, so that a cursor's skipped output rows are found by counting. ``share`` is the
+    policy the consumers of every re-plan cut their remainder with (``balanced``, or ``stripe``
+    for whole pieces). ``leads`` gives each state's lead (windows), and ``finished`` the saved
+    consumers that delivered their whole list, whatever their cursor says (a ``Mixture``
+    consumer whose epoch ended on this table)."""
     world_size, workers = _check_topology(states)
     first = _check_alike(states, policy)
     links: tuple[Link, ...] = ()
+    if earlier is not None and first.remainder is not None and earlier.share != policy_name(share):
+        raise ValueError(
+            f"the re-plan lineage {earlier.digest} shares its remainder with {earlier.share}, but this dataset shares "
+            f"it with {policy_name(share)}; the lineage belongs to another kind of dataset"
+        )
     if first.remainder is not None:
         if earlier is None:
             raise ValueError(
@@ -178,22 +230,56 @@ def replan(
                 f"the lineage given is {earlier.digest} of version {earlier.version}, epoch {earlier.epoch}"
             )
         links = earlier.links
-    plan, current = _walk(source, policy, first.epoch, links)
-    lists = plan_all(current, plan, world_size, workers, first.epoch)
-    grouped = lists.take(np.argsort(lists.owner, kind="stable"))
-    link = _link(source, grouped, states, world_size, workers, filtered=filtered)
-    lineage = Lineage(first.version, policy_name(policy), first.epoch, (*links, link))
-    return lineage, _undelivered(grouped, link, policy, first.epoch)
+    remainder, current = _walk(source, policy, first.epoch, links, share)
+    grouped, lead = _grouped(current, remainder, world_size, workers, first.epoch)
+    link = _link(source, grouped, lead, states, world_size, workers, filtered=filtered, leads=leads, finished=finished)
+    lineage = Lineage(first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share))
+    return lineage, _undelivered(grouped, lead, link, policy, first.epoch)
 
 
-def _walk(source: Source, policy: Policy, epoch: int, links: Sequence[Link]) -> tuple[Plan, Policy]:
+def remainder_of(source: Source, policy: Policy, lineage: Lineage, share: Policy = balanced) -> Remainder:
+    """The remainder ``lineage`` describes: what the consumers of its last re-plan share with
+    ``share``; ``ValueError`` when it was made for another policy or share."""
+    if (lineage.policy, lineage.share) != (policy_name(policy), policy_name(share)):
+        raise ValueError(
+            f"the re-plan lineage {lineage.digest} is of policy {lineage.policy} shared with {lineage.share}, not "
+            f"{policy_name(policy)} shared with {policy_name(share)}; it belongs to another dataset"
+        )
+    return _walk(source, policy, lineage.epoch, lineage.links, share)[0]
+
+
+def share_of(remainder: Remainder, share: Policy, shard: Shard) -> tuple[list[WorkItem], list[int]]:
+    """``shard``'s work list of ``remainder`` cut by ``share``, and each item's lead (a ``stripe``
+    share deals whole pieces, so an item is a piece and keeps its lead; a cut item has none)."""
+    items = share(remainder.plan, shard, 0)
+    if share is not stripe:
+        return items, [0] * len(items)
+    mine = remainder.leads[shard.rank :: shard.world_size][shard.worker :: shard.workers]
+    return items, mine.tolist()
+
+
+def _walk(source: Source, policy: Policy, epoch: int, links: Sequence[Link], share: Policy) -> tuple[Remainder, Policy]:
     """What the consumers after ``links`` cut their lists from: the plan under ``policy``, or
-    the last link's remainder under ``balanced``."""
-    plan, current = as_plan(source.splits), policy
+    the last link's remainder under ``share``."""
+    remainder, current = Remainder(as_plan(source.splits), np.zeros(len(source.splits), dtype=np.int64)), policy
     for link in links:
-        lists = plan_all(current, plan, link.world_size, link.workers, epoch)
-        plan, current = _undelivered(lists.take(np.argsort(lists.owner, kind="stable")), link, policy, epoch), balanced
-    return plan, current
+        grouped, lead = _grouped(current, remainder, link.world_size, link.workers, epoch)
+        remainder, current = _undelivered(grouped, lead, link, policy, epoch), share
+    return remainder, current
+
+
+def _grouped(
+    current: Policy, remainder: Remainder, world_size: int, workers: int, epoch: int
+) -> tuple[Pieces, np.ndarray]:
+    """Every consumer's list of ``remainder`` under ``current``, grouped by owner, and each
+    item's lead: a piece's own under ``stripe``, which deals whole pieces, else none."""
+    lists = plan_all(current, remainder.plan, world_size, workers, epoch)
+    order = np.argsort(lists.owner, kind="stable")
+    if current is stripe:
+        lead = remainder.leads[dealt(len(remainder.plan), world_size, workers)[0]]
+    else:
+        lead = np.zeros(lists.owner.size, dtype=np.int64)
+    return lists.take(order), lead[order]
 
 
 def _starts(lists: Pieces, consumers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -202,10 +288,11 @@ def _starts(lists: Pieces, consumers: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.cumsum(counts) - counts
 
 
-def _undelivered(lists: Pieces, link: Link, policy: Policy, epoch: int) -> Plan:
-    """The rows of ``lists`` (grouped by owner) that ``link``'s positions had not reached, in
-    consumer order, as a plan of stored ranges; the rows a consumer took from its shuffle
-    window (``policy``'s ``buffer_rows``, in ``epoch``) are left out too."""
+def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, policy: Policy, epoch: int) -> Remainder:
+    """The rows of ``lists`` (grouped by owner, each item with its ``lead``) that ``link``'s
+    positions had not reached, in consumer order, as stored ranges with their leads, each
+    consumer's first with the link's; the rows a consumer took from its shuffle window
+    (``policy``'s ``buffer_rows``, in ``epoch``) are left out too."""
     counts, first = _starts(lists, link.world_size * link.workers)
     # Each consumer's undelivered items are one run of its grouped list, from item ``items[c]``:
     # marked by a running sum of +1 at each run's first item and -1 after its last.
@@ -215,13 +302,17 @@ def _undelivered(lists: Pieces, link: Link, policy: Policy, epoch: int) -> Plan:
     np.add.at(marks, first + counts, -1)
     kept = np.cumsum(marks[:-1]) > 0
     start = lists.start.copy()
+    leads = lead.copy()
     resumed = begin[link.items < counts]
     start[resumed] = link.rows[link.items < counts]
+    leads[resumed] = link.leads[link.items < counts]
     kept[resumed] &= start[resumed] < lists.end[resumed]
     rest = Pieces(lists.split[kept], start[kept], lists.end[kept], lists.owner[kept])
     if link.inside_windows:
+        # Leads are WindowDataset's, which reads its lists unshuffled: a link has leads or windows, never both.
         rest = _without_taken(rest, link, policy, epoch)
-    return Plan.of(rest.split, rest.start, rest.end)
+        return Remainder(Plan.of(rest.split, rest.start, rest.end), np.zeros(rest.split.size, dtype=np.int64))
+    return Remainder(Plan.of(rest.split, rest.start, rest.end), leads[kept])
 
 
 def _without_taken(rest: Pieces, link: Link, policy: Policy, epoch: int) -> Pieces:
@@ -269,22 +360,38 @@ def _holed(pieces: Pieces, positions: np.ndarray) -> Pieces:
 
 
 def _link(
-    source: Source, lists: Pieces, states: Sequence[State], world_size: int, workers: int, *, filtered: bool
+    source: Source,
+    lists: Pieces,
+    lead_of: np.ndarray,
+    states: Sequence[State],
+    world_size: int,
+    workers: int,
+    *,
+    filtered: bool,
+    leads: Sequence[int] | None,
+    finished: Collection[Shard],
 ) -> Link:
-    """Where each saved consumer's undelivered rows begin in its list of ``lists``."""
+    """Where each saved consumer's undelivered rows begin in its list of ``lists``, with its
+    lead from ``leads`` (by state), or its first item's (``lead_of``, by item) before it read;
+    a consumer of ``finished`` has none left."""
     consumers = world_size * workers
     counts, first = _starts(lists, consumers)
     items = np.zeros(consumers, dtype=np.int64)
     rows = np.zeros(consumers, dtype=np.int64)
     windows = np.zeros(consumers, dtype=np.int64)
     taken = np.zeros(consumers, dtype=np.int64)
+    lead = np.zeros(consumers, dtype=np.int64)
     checked = set(np.linspace(0, consumers - 1, min(consumers, _CHECKED)).round().astype(int).tolist())
-    for state in states:
+    for number, state in enumerate(states):
         consumer = state.shard.rank * workers + state.shard.worker
         mine = slice(int(first[consumer]), int(first[consumer] + counts[consumer]))
         cursor = state.cursor
+        if state.shard in finished:
+            items[consumer] = counts[consumer]
+            continue
         if cursor is None:
             rows[consumer] = lists.start[mine.start] if counts[consumer] else 0
+            lead[consumer] = lead_of[mine.start] if counts[consumer] else 0
             continue
         if (
             consumer in checked
@@ -297,6 +404,7 @@ def _link(
                 "and library must be the ones that saved it"
             )
         items[consumer] = cursor.item
+        lead[consumer] = 0 if leads is None else leads[number]
         if cursor.taken:
             if filtered:
                 raise ValueError(
@@ -321,7 +429,7 @@ def _link(
             if filtered
             else min(cursor.row + cursor.skip, end)
         )
-    return Link(world_size, workers, items, rows, windows, taken)
+    return Link(world_size, workers, items, rows, windows, taken, lead)
 
 
 def _first_undelivered(source: Source, item: WorkItem, skip: int) -> int:

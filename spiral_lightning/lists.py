@@ -57,7 +57,7 @@ def owners(positions: np.ndarray, world_size: int, workers: int) -> np.ndarray:
     return dealt
 
 
-def _dealt(count: int, world_size: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
+def dealt(count: int, world_size: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
     """The positions of a dealt order of ``count`` values, consumer after consumer, each
     consumer's in order, and their owners."""
     consumers = world_size * workers
@@ -108,11 +108,11 @@ def plan_all(policy: Policy, plan: Sequence[Split], world_size: int, workers: in
     Shard(0, world_size, 0, workers).check()
     plan = as_plan(plan)
     if policy is stripe:
-        index, owner = _dealt(len(plan), world_size, workers)
+        index, owner = dealt(len(plan), world_size, workers)
         return Pieces(plan.ids[index], plan.starts[index], plan.ends[index], owner)
     if type(policy) is Shuffled:
         blocks = plan.blocks(policy.block_rows)
-        positions, owner = _dealt(blocks, world_size, workers)
+        positions, owner = dealt(blocks, world_size, workers)
         numbers = shuffled_blocks(positions, blocks, policy.seed, epoch)
         return Pieces(*plan.block_columns(policy.block_rows, numbers), owner)
     if policy is balanced:

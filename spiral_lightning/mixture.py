@@ -5,6 +5,9 @@ whose delivered rows lag furthest behind its weight's share is read next, so the
 track the weights within about one batch per table at every point of the epoch. A seeded random
 draw would only match them on average (over 1,000 batches a 30% table drifts by 1.5% at one
 standard deviation), so the seed sets only where in the cycle each consumer starts.
+
+A consumer's state is a ``MixtureState`` (``mixture_state``); ``load_elastic`` re-plans a saved
+epoch for other ranks or workers (``elastic_mixture``).
 """
 
 from __future__ import annotations
@@ -12,152 +15,26 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal, NamedTuple
+from dataclasses import replace
+from typing import Any, Literal
 
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.elastic import Lineage
+from spiral_lightning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
+from spiral_lightning.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import check_same_topology
 from spiral_lightning.tensors import to_torch
-from spiral_lightning.work import Policy, Shard, stripe
+from spiral_lightning.work import Policy, Shard, policy_name, stripe
 
 #: What ends a mixture's epoch on each consumer: the first table that runs out, or every table
 #: read through at least once, restarting the ones that run out before that.
 Stop = Literal["first_exhausted", "cycle"]
 STOP_MODES: tuple[Stop, ...] = ("first_exhausted", "cycle")
-
-#: The version of the dictionary ``Mixture.state_dict`` writes.
-MIXTURE_FORMAT = 1
-
-
-def pass_epoch(epoch: int, passes: int) -> int:
-    """The epoch a table is read in for its pass ``passes`` (0 first) of mixture epoch ``epoch``.
-
-    Cantor's pairing of the two numbers: every (epoch, pass) reads its own table epoch, so a
-    shuffling policy orders every pass differently and a restarted pass is the same everywhere.
-    """
-    total = epoch + passes
-    return total * (total + 1) // 2 + passes
-
-
-class Progress(NamedTuple):
-    """Where one table of a mixture stands in the epoch on one consumer.
-
-    ``passes`` counts the passes read to the end (the current pass is number ``passes``), ``rows``
-    the rows delivered from the table this epoch over all passes, and ``empty`` says a pass gave
-    this consumer no rows, so ``stop="cycle"`` never chooses the table again this epoch.
-    """
-
-    passes: int = 0
-    rows: int = 0
-    empty: bool = False
-
-
-@dataclass(frozen=True)
-class MixtureState:
-    """One consumer's position in a mixture and the settings it is valid for.
-
-    ``tables`` holds each table's progress and ``states`` each table's ``TableDataset`` state for
-    its current pass, ``None`` for a pass not begun.
-    """
-
-    seed: int
-    stop: str
-    weights: tuple[float, ...]
-    batch_size: int
-    shard: Shard
-    epoch: int
-    tables: tuple[Progress, ...]
-    states: tuple[dict[str, Any] | None, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values only, so a state survives ``torch.save`` and JSON alike."""
-        return {
-            "format": MIXTURE_FORMAT,
-            "seed": self.seed,
-            "stop": self.stop,
-            "weights": list(self.weights),
-            "batch_size": self.batch_size,
-            "shard": list(self.shard),
-            "epoch": self.epoch,
-            "tables": [
-                {"passes": progress.passes, "rows": progress.rows, "empty": progress.empty, "state": state}
-                for progress, state in zip(self.tables, self.states, strict=True)
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MixtureState:
-        """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
-        field when ``data`` is not one."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"a Mixture state is a mapping, not {type(data).__name__}")
-        if data.get("format") != MIXTURE_FORMAT:
-            raise ValueError(
-                f"unknown Mixture state format {data.get('format')!r}; this version reads format {MIXTURE_FORMAT}"
-            )
-        missing = sorted({"seed", "stop", "weights", "batch_size", "shard", "epoch", "tables"} - data.keys())
-        if missing:
-            raise KeyError(f"the Mixture state lacks the fields {missing}")
-        for name in ("seed", "batch_size", "epoch"):
-            if not _is_count(data[name]):
-                raise ValueError(f"the Mixture state's {name} must be a non-negative int, not {data[name]!r}")
-        shard = data["shard"]
-        if not isinstance(shard, list | tuple) or len(shard) != 4 or not all(_is_count(v) for v in shard):
-            raise ValueError(f"the Mixture state's shard must be 4 ints, not {shard!r}")
-        weights = data["weights"]
-        if not isinstance(weights, list | tuple) or not all(isinstance(w, float) for w in weights):
-            raise TypeError(f"the Mixture state's weights must be a list of floats, not {weights!r}")
-        tables = data["tables"]
-        if not isinstance(tables, list | tuple) or len(tables) != len(weights):
-            raise ValueError(f"the Mixture state's tables must be a list of {len(weights)} entries, one per weight")
-        progress: list[Progress] = []
-        states: list[dict[str, Any] | None] = []
-        for index, table in enumerate(tables):
-            if not isinstance(table, Mapping) or {"passes", "rows", "empty", "state"} - table.keys():
-                raise ValueError(
-                    f"the Mixture state's tables[{index}] must hold passes, rows, empty and state, not {table!r}"
-                )
-            for name in ("passes", "rows"):
-                if not _is_count(table[name]):
-                    raise ValueError(
-                        f"the Mixture state's tables[{index}].{name} must be a non-negative int, not {table[name]!r}"
-                    )
-            if not isinstance(table["empty"], bool):
-                raise TypeError(f"the Mixture state's tables[{index}].empty must be a bool, not {table['empty']!r}")
-            if table["state"] is not None and not isinstance(table["state"], Mapping):
-                raise TypeError(f"the Mixture state's tables[{index}].state must be a mapping or None")
-            progress.append(Progress(table["passes"], table["rows"], table["empty"]))
-            states.append(None if table["state"] is None else dict(table["state"]))
-        return cls(
-            seed=data["seed"],
-            stop=str(data["stop"]),
-            weights=tuple(weights),
-            batch_size=data["batch_size"],
-            shard=Shard(*shard).check(),
-            epoch=data["epoch"],
-            tables=tuple(progress),
-            states=tuple(states),
-        )
-
-    def check_matches(self, current: MixtureState) -> None:
-        """``ValueError`` naming every setting under which this saved state differs from ``current``."""
-        fields = ("seed", "stop", "weights", "batch_size", "shard")
-        differ = [
-            f"{name}: saved {getattr(self, name)!r}, now {getattr(current, name)!r}"
-            for name in fields
-            if getattr(self, name) != getattr(current, name)
-        ]
-        if differ:
-            raise ValueError(
-                "the Mixture state was saved under other settings ("
-                + "; ".join(differ)
-                + "); restore it into a mixture built like the one that saved it"
-            )
 
 
 class Mixture(IterableDataset[Any]):
@@ -185,7 +62,8 @@ class Mixture(IterableDataset[Any]):
     ``table_key`` set, each batch (a mapping) also holds the index of its table under that key.
     Each table reads ``read_ahead`` read batches ahead, as in ``TableDataset``.
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: every table's
-    ``TableDataset`` state plus each table's passes and delivered rows.
+    ``TableDataset`` state plus each table's passes and delivered rows. ``load_elastic`` continues
+    an epoch saved under other ranks or workers (see ``spiral_lightning.elastic_mixture``).
     """
 
     def __init__(
@@ -260,7 +138,12 @@ class Mixture(IterableDataset[Any]):
         # Whether each table's TableDataset state describes its current pass: a table not yet
         # read this epoch still holds the cursor of an earlier one.
         self._live = [False] * len(self.tables)
+        # The epoch whose iteration _progress and _live describe: before a consumer's first batch of
+        # an epoch its state is where the epoch starts, not where the last one ended.
+        self._begun: int | None = None
         self._resume: MixtureState | None = None
+        self._start: MixtureStart | None = None
+        self._lineage: MixtureLineage | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         self._epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
@@ -289,18 +172,29 @@ class Mixture(IterableDataset[Any]):
         )
 
     def _state(self) -> MixtureState:
+        shard = self.shard()
+        begun = self._begun == self.epoch
+        live = self._live if begun else [False] * len(self.tables)
         return MixtureState(
             seed=self.seed,
             stop=self.stop,
             weights=self.weights,
             batch_size=self.batch_size,
-            shard=self.shard(),
+            shard=shard,
             epoch=self.epoch,
-            tables=tuple(self._progress),
-            states=tuple(
-                table.state_dict() if live else None for table, live in zip(self.tables, self._live, strict=True)
-            ),
+            tables=tuple(self._progress if begun else self._first_progress(shard)),
+            states=tuple(table.state_dict() if on else None for table, on in zip(self.tables, live, strict=True)),
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
         )
+
+    def _first_progress(self, shard: Shard) -> list[Progress]:
+        """Where consumer ``shard`` starts this epoch: at the start, or where a re-plan puts it."""
+        start = self._replanned()
+        return start.progress(shard) if start is not None else [Progress()] * len(self.tables)
+
+    def _replanned(self) -> MixtureStart | None:
+        """Where ``load_elastic`` starts every consumer, while its epoch lasts."""
+        return self._start if self._start is not None and self._start.epoch == self.epoch else None
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's position in the mixture and the settings it is valid for, as plain values."""
@@ -314,6 +208,13 @@ class Mixture(IterableDataset[Any]):
         saved = MixtureState.from_dict(state)
         check_same_topology("Mixture", saved.shard, self.shard())
         saved.check_matches(self._state())
+        if saved.remainder is not None and (self._lineage is None or self._lineage.digest != saved.remainder):
+            raise ValueError(
+                f"the Mixture state continues epoch {saved.epoch} re-planned from another topology (lineage "
+                f"{saved.remainder}), which this mixture has not re-planned; restore it with "
+                "load_elastic(every consumer's state, lineage=the lineage() saved beside them), or, under the "
+                "saved ranks and workers, call load_lineage(that lineage) before load_state_dict"
+            )
         for index, (table, progress, table_state) in enumerate(
             zip(self.tables, saved.tables, saved.states, strict=True)
         ):
@@ -329,6 +230,65 @@ class Mixture(IterableDataset[Any]):
         self._resume = saved
         self._epoch[0] = saved.epoch
 
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): each table's rows of its pass in progress that none of them delivered are
+        shared among this mixture's consumers, each exactly once, and later epochs plan as usual.
+        ``states`` holds every saved consumer's ``state_dict``; when they continue an epoch
+        re-planned before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when
+        they differ in settings or epoch, or, under ``stop="cycle"``, are in different passes of a
+        table (see ``spiral_lightning.elastic_mixture``)."""
+        saved = [MixtureState.from_dict(state) for state in states]
+        current = self._state()
+        for state in saved:
+            state.check_matches(current, tuple(name for name in MIXTURE_SETTINGS if name != "shard"))
+        tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
+        passes, start = table_passes(saved, lineage, tables)
+        lineages: list[Lineage] = []
+        for index, (table, found) in enumerate(zip(self.tables, passes, strict=True)):
+            try:
+                table.load_elastic(found.states, found.lineage, finished=found.finished)
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+            made = table.lineage()
+            if made is not None:
+                lineages.append(Lineage.from_dict(made))
+        self._start = start
+        self._begun = None
+        self._lineage = MixtureLineage(start, tuple(lineages))
+        self._resume = None
+        self._epoch[0] = start.epoch
+
+    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """Read, in its epoch, the remainders ``lineage`` (a ``lineage()``) describes, as the
+        consumers of its re-plan do, so that their states, which name it, restore with
+        ``load_state_dict`` under the same topology: the way on for states ``load_elastic``
+        refuses (consumers in different passes of a table under ``stop="cycle"``)."""
+        found = MixtureLineage.from_dict(lineage)
+        if len(found.tables) != len(self.tables):
+            raise ValueError(
+                f"the Mixture re-plan lineage holds {len(found.tables)} tables, but the mixture has "
+                f"{len(self.tables)}; it belongs to another mixture"
+            )
+        for index, (table, made) in enumerate(zip(self.tables, found.tables, strict=True)):
+            try:
+                table.load_lineage(made.to_dict())
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+        self._start = found.start
+        self._begun = None
+        self._lineage = found
+        self._epoch[0] = found.start.epoch
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainders again (see
+        ``spiral_lightning.elastic_mixture``), as plain values: save it once beside every
+        consumer's ``state_dict`` and give both to ``load_elastic``. ``None`` in an epoch planned
+        as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
     def __iter__(self) -> Iterator[Any]:
         resume, self._resume = self._resume, None
         if resume is not None and resume.epoch != self.epoch:
@@ -337,10 +297,14 @@ class Mixture(IterableDataset[Any]):
                 f"{self.epoch}; load the state again, or set the epoch before loading it"
             )
         shard = self.shard()
-        self._progress = list(resume.tables) if resume is not None else [Progress()] * len(self.tables)
+        self._begun = self.epoch
+        self._progress = list(resume.tables) if resume is not None else self._first_progress(shard)
         self._live = (
             [state is not None for state in resume.states] if resume is not None else [False] * len(self.tables)
         )
+        if ended(self.stop, self._progress):
+            # A state saved after the consumer's last batch: its epoch is over.
+            return
         for index, table in enumerate(self.tables):
             if not self._live[index]:
                 table.set_epoch(pass_epoch(self.epoch, self._progress[index].passes))
@@ -383,10 +347,13 @@ class Mixture(IterableDataset[Any]):
             return batch
         progress = self._progress[index]
         self._progress[index] = progress = progress._replace(passes=progress.passes + 1)
-        if self.stop == "first_exhausted" or all(p.passes for p in self._progress):
+        # The table's state is for its current pass, which has not begun.
+        self._live[index] = False
+        if ended(self.stop, self._progress):
             return _END
         table.set_epoch(pass_epoch(self.epoch, progress.passes))
         stream = streams[index] = iter(table)
+        self._live[index] = True
         batch = next(stream, _END)
         if batch is _END:
             self._progress[index] = progress._replace(empty=True)

@@ -7,6 +7,11 @@ an episode, and a work-item boundary ends what this consumer reads contiguously,
 rows after it may belong to another consumer, and a window across it would depend on how the
 table was split among consumers. A table whose episodes span splits should be written so that
 they do not, or read with a policy whose items keep them whole.
+
+An elastic re-plan (``load_elastic``) shares the windows no saved consumer delivered among the
+consumers of another topology. It deals the remainder in whole pieces (``stripe``): a cut inside
+a piece would end a run there and lose the windows across it. A saved consumer's first piece
+begins at its anchor and carries its lead, so its windows start where they would have.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.elastic import Lineage, Remainder, replan, share_of
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
@@ -114,13 +120,15 @@ def read_windows(
     windows: Windows,
     batch_size: int,
     last: Last,
+    leads: Sequence[int] = (),
 ) -> Iterator[tuple[pa.RecordBatch, WindowPosition]]:
     """Batches of ``batch_size`` windows from ``position`` on, each with the position after it.
 
     A batch holds its windows' rows one window after another (``batch_size * size`` rows). Only
     the rows from the anchor of the next window on are held, at most ``size`` rows plus one read
     batch. The windows after the last full batch are one shorter batch with
-    ``last="keep_partial"``, a ``ValueError`` with ``"require_full"``.
+    ``last="keep_partial"``, a ``ValueError`` with ``"require_full"``. ``leads[i]`` (0 past its
+    end) is the lead of item ``i``'s first run: a re-planned piece that begins inside a run.
     """
     size, stride = windows.size, windows.stride
     held: list[_Rows] = []
@@ -132,9 +140,12 @@ def read_windows(
     for batch in runs(reader, items, position.cursor):
         rows = _Rows(batch.rows, batch.item, batch.row, batch.skip)
         for part, key in _groups(rows, windows.group_by):
-            # The first part read begins the saved run at its saved lead; a new run starts at 0.
-            if run is not None and run != (part.item, key):
-                held, held_rows, lead = [], 0, 0
+            # The first part read begins the saved run at its saved lead; a new run starts at 0,
+            # or at its item's lead when it is the item's first.
+            if run != (part.item, key) and (run is not None or part.item != position.cursor.item):
+                held, held_rows = [], 0
+                new_item = run is None or run[0] != part.item
+                lead = leads[part.item] if new_item and part.item < len(leads) else 0
             run = (part.item, key)
             held.append(part)
             held_rows += part.rows.num_rows
@@ -220,7 +231,8 @@ class WindowDataset(IterableDataset[Any]):
 
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
     a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the
-    windows it is valid for, so a resume re-reads at most one window's rows.
+    windows it is valid for, so a resume re-reads at most one window's rows. ``load_elastic``
+    continues an epoch saved under other ranks or workers, every window exactly once.
     """
 
     def __init__(
@@ -263,6 +275,9 @@ class WindowDataset(IterableDataset[Any]):
         self._work: str | None = None
         self._position: WindowPosition | None = None
         self._resume: tuple[State, int] | None = None
+        self._remainder: Remainder | None = None
+        self._remainder_epoch = 0
+        self._lineage: Lineage | None = None
 
     @property
     def epoch(self) -> int:
@@ -283,6 +298,55 @@ class WindowDataset(IterableDataset[Any]):
             "rows, known only by reading them"
         )
 
+    def work(self, shard: Shard | None = None) -> tuple[list[WorkItem], list[int]]:
+        """The work list of ``shard`` (this process's consumer) in this epoch and each item's lead:
+        the policy's (no leads), or its whole pieces of a remainder ``load_elastic`` re-planned."""
+        shard = shard or self.shard()
+        remainder = self._replanned()
+        if remainder is None:
+            return self.table.work(shard), []
+        return share_of(remainder, stripe, shard)
+
+    def _replanned(self) -> Remainder | None:
+        """The remainder ``load_elastic`` re-planned, while its epoch lasts."""
+        return self._remainder if self._remainder_epoch == self.epoch else None
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): the windows none of them delivered are shared among this dataset's
+        consumers in whole pieces, each exactly once, and later epochs plan as usual. ``states``
+        holds every saved consumer's ``state_dict``; when they continue an epoch re-planned
+        before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when they are
+        not one epoch of one version, policy and windows."""
+        parsed = [self._parsed(state) for state in states]
+        saved = [table for table, _ in parsed]
+        version = self.table.spec.version
+        if saved and saved[0].version != version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {version}")
+        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        found, remainder = replan(
+            self.table.source(),
+            self.table.policy,
+            saved,
+            earlier,
+            filtered=self.table.spec.filter is not None,
+            share=stripe,
+            leads=[lead for _, lead in parsed],
+        )
+        self.table.set_epoch(saved[0].epoch)
+        self._remainder = remainder
+        self._remainder_epoch = saved[0].epoch
+        self._lineage = found
+        self._resume = None
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainder again (see
+        ``spiral_lightning.elastic``), as plain values: save it once beside every consumer's
+        ``state_dict`` and give both to ``load_elastic``. ``None`` in an epoch planned as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
     def _state(self, shard: Shard) -> State:
         return State(
             version=self.table.spec.version,
@@ -292,6 +356,7 @@ class WindowDataset(IterableDataset[Any]):
             policy=policy_name(self.table.policy),
             work=self._work,
             cursor=None if self._position is None else self._position.cursor,
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -304,7 +369,25 @@ class WindowDataset(IterableDataset[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
-        policy and windows; ``ValueError`` naming what differs otherwise."""
+        policy and windows; ``ValueError`` naming what differs otherwise (another topology is
+        ``load_elastic``'s)."""
+        saved, lead = self._parsed(state)
+        check_same_topology("WindowDataset", saved.shard, self.shard())
+        saved.check_matches(self._state(self.shard()))
+        if saved.remainder is not None and (
+            self._lineage is None or self._lineage.digest != saved.remainder or self._remainder_epoch != saved.epoch
+        ):
+            raise ValueError(
+                f"the WindowDataset state continues epoch {saved.epoch} re-planned from another topology (lineage "
+                f"{saved.remainder}), which this dataset has not re-planned; restore it with "
+                "load_elastic(every consumer's state, lineage=the lineage() saved beside them)"
+            )
+        self._resume = (saved, lead)
+        self.table.set_epoch(saved.epoch)
+
+    def _parsed(self, state: Mapping[str, Any]) -> tuple[State, int]:
+        """The table state and lead of a ``state_dict``; ``ValueError``, ``TypeError`` or
+        ``KeyError`` naming the field when it is not one of these windows."""
         if not isinstance(state, Mapping):
             raise TypeError(f"a WindowDataset state is a mapping, not {type(state).__name__}")
         if state.get("format") != WINDOWS_FORMAT:
@@ -324,11 +407,7 @@ class WindowDataset(IterableDataset[Any]):
         lead = state["lead"]
         if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
             raise ValueError(f"the WindowDataset state's lead must be a non-negative int, not {lead!r}")
-        saved = State.from_dict(state["table"])
-        check_same_topology("WindowDataset", saved.shard, self.shard())
-        saved.check_matches(self._state(self.shard()))
-        self._resume = (saved, lead)
-        self.table.set_epoch(saved.epoch)
+        return State.from_dict(state["table"]), lead
 
     def __iter__(self) -> Iterator[Any]:
         source = self.table.source()
@@ -336,10 +415,10 @@ class WindowDataset(IterableDataset[Any]):
         if group_by is not None and group_by not in source.schema.names:
             raise ValueError(f"the group column {group_by!r} is not a column of {self.table.spec.uri!r}")
         shard = self.shard()
-        items = self.table.work(shard)
+        items, leads = self.work(shard)
         work = fingerprint(items)
         resume, self._resume = self._resume, None
-        position = WindowPosition(start_of(items))
+        position = WindowPosition(start_of(items), leads[0] if leads else 0)
         self._position = None
         saved, lead = resume if resume is not None else (None, 0)
         if saved is not None and saved.cursor is not None:
@@ -356,7 +435,7 @@ class WindowDataset(IterableDataset[Any]):
         filled = partial(to_torch, nulls=Nulls(spec.null_fill, spec.null_mask), padded=spec.padded)
         collate = filled if self.collate is to_torch else self.collate
         for batch, after in read_windows(
-            self.table.reader(), items, position, self.windows, self.batch_size, self.last
+            self.table.reader(), items, position, self.windows, self.batch_size, self.last, leads
         ):
             self._position = after
             yield batch if collate is None else handed_on(stack(collate(batch), self.windows.size))

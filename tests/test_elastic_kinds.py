@@ -1,7 +1,7 @@
 """Elastic re-plans of the dataset kinds beyond plain ``TableDataset`` lists: window shuffles
 saved inside a window, ``WindowDataset``, ``Mixture`` and ``access="map"``. Each continues a
 saved epoch under other ranks or workers, and the row ids (or windows) delivered before and after
-the stop are those of the epoch, each exactly once."""
+the stop are those of the epoch, each exactly once (a mixture: each pass of each table)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from spiral_lightning import (
     Mixture,
+    Policy,
     Shard,
     Shuffled,
     SpiralDataModule,
@@ -29,18 +30,25 @@ from spiral_lightning import (
     TableSpec,
     WindowDataset,
     Windows,
+    balanced,
+    stripe,
 )
 from spiral_lightning.elastic import Lineage
 from spiral_lightning.elastic_map import MapLineage, MapLink, ReplannedSampler
 from spiral_lightning.frames import cut, start_of
 from spiral_lightning.loader import consumer_states
+from spiral_lightning.mixture import STOP_MODES, Stop
 from spiral_lightning.shuffle import shuffled_chunks, window_key
 from spiral_lightning.state import Cursor, State
+from spiral_lightning.windows import WindowPosition, read_windows
 from spiral_lightning.work import fingerprint, policy_name
 from tests.lightning_job import Recorder
-from tests.tables import KEEP_TEXT, write_layout
+from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout, write_uneven
 from tests.test_datamodule import checkpoints, ids_in, trainer
 from tests.test_elastic_lightning import run
+from tests.test_mixture import layouts as mixture_layouts
+from tests.test_mixture import tables as mixture_tables
+from tests.test_windows import episode_table, episodes, reference, split_sizes, window_ids, window_settings
 
 examples = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Saved and resumed topologies as (ranks, workers): 2 -> 1 and 2 -> 3 ranks, 2 -> 3 workers.
@@ -287,15 +295,312 @@ def test_a_ddp_map_run_resumes_as_one_process(make_table: Callable[..., TableSpe
     assert sorted(before + after) == list(range(sum(MAP_SIZES)))
 
 
-def test_windows_and_mixtures_refuse_another_topology_and_say_what_to_do(
-    make_table: Callable[..., TableSpec],
+def consume_windows(
+    dataset: WindowDataset, shard: Shard, batches: int | None
+) -> tuple[list[tuple[int, ...]], dict[str, Any]]:
+    """The windows (as row ids) consumer ``shard`` of ``dataset`` delivers in its first
+    ``batches`` batches (all when ``None``), read as ``WindowDataset`` reads them, and the state
+    its worker would save after them."""
+    items, leads = dataset.work(shard)
+    position = WindowPosition(start_of(items), leads[0] if leads else 0)
+    found: list[tuple[int, ...]] = []
+    after: WindowPosition | None = None
+    reading = read_windows(
+        dataset.table.source(), items, position, dataset.windows, dataset.batch_size, dataset.last, leads
+    )
+    for count, (batch, after_batch) in enumerate(reading):
+        if batches is not None and count == batches:
+            break
+        found += window_ids(batch, dataset.windows.size)
+        after = after_batch
+    lineage = dataset.lineage()
+    table_state = State(
+        dataset.table.spec.version,
+        shard,
+        dataset.batch_size,
+        dataset.epoch,
+        policy_name(dataset.table.policy),
+        fingerprint(items),
+        None if after is None else after.cursor,
+        remainder=None if lineage is None else Lineage.from_dict(lineage).digest,
+    )
+    state = {
+        "format": 1,
+        "table": table_state.to_dict(),
+        "windows": dataset.windows.settings(),
+        "lead": 0 if after is None else after.lead,
+    }
+    return found, state
+
+
+@examples
+@given(
+    sizes=split_sizes,
+    seed=st.integers(0, 100),
+    backend=st.sampled_from(BACKENDS),
+    filtered=st.booleans(),
+    windows=window_settings,
+    policy=st.sampled_from([stripe, balanced]),
+    hops=st.lists(st.tuples(st.sampled_from(SAVED), st.sampled_from(RESUMED)), min_size=1, max_size=1),
+    batch_size=st.integers(1, 30),
+    stops=st.lists(st.one_of(st.none(), st.integers(0, 6)), min_size=12, max_size=12),
+)
+def test_windows_re_plan_for_other_ranks_and_workers_every_window_exactly_once(
+    sizes: list[int],
+    seed: int,
+    backend: str,
+    filtered: bool,
+    windows: Windows,
+    policy: Policy,
+    hops: list[tuple[tuple[int, int], tuple[int, int]]],
+    batch_size: int,
+    stops: list[int | None],
 ) -> None:
+    (old, new), stop = hops[0], iter(stops)
+    with episodes(sizes, seed, backend, filtered) as (spec, _):
+
+        def dataset(rank: int, world_size: int) -> WindowDataset:
+            made = WindowDataset(
+                spec, windows=windows, batch_size=batch_size, policy=policy, rank=rank, world_size=world_size
+            )
+            made.set_epoch(1)
+            return made
+
+        # The windows of the saved topology's uninterrupted epoch: a balanced policy's cuts end runs.
+        whole = [
+            window
+            for rank in range(old[0])
+            for worker in range(old[1])
+            for window in consume_windows(dataset(rank, old[0]), Shard(rank, old[0], worker, old[1]), None)[0]
+        ]
+        delivered: list[tuple[int, ...]] = []
+        states: list[dict[str, Any]] = []
+        lineage: dict[str, Any] | None = None
+        # Saved under `old`, re-planned under `new` and stopped again, then re-planned under `old`.
+        for hop, (world_size, workers) in enumerate((old, new, old)):
+            saved: list[dict[str, Any]] = []
+            for rank in range(world_size):
+                reader = dataset(rank, world_size)
+                if states:
+                    reader.load_elastic(states, lineage=lineage)
+                for worker in range(workers):
+                    shard = Shard(rank, world_size, worker, workers)
+                    found, state = consume_windows(reader, shard, None if hop == 2 else next(stop))
+                    delivered += found
+                    saved.append(state)
+                    assert len(str(state)) < 1024
+                next_lineage = reader.lineage()
+            states, lineage = saved, next_lineage
+        assert sorted(delivered) == sorted(whole)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("world_size", "workers"), [(1, 1), (3, 1), (1, 3)])
+def test_real_window_loaders_saved_as_2x2_resume_as_other_topologies(
+    tmp_path: Path, world_size: int, workers: int
+) -> None:
+    sizes = [300, 170, 0, 410, 250]
+    data = episode_table(sizes, seed=5)
+    spec = replace(write_uneven(tmp_path / "t", data, sizes), columns=("id", "episode", "v"))
+    windows = Windows(size=3, stride=5, group_by="episode")
+    expected = sorted(reference(data, sizes, windows, filtered=False))
+
+    def dataset(rank: int, world_size: int) -> WindowDataset:
+        return WindowDataset(spec, windows=windows, batch_size=7, rank=rank, world_size=world_size)
+
+    delivered: list[tuple[int, ...]] = []
+    states: list[dict[str, Any]] = []
+    for rank, stop in ((0, 3), (1, 4)):
+        saving = loader(dataset(rank, 2), 2)
+        reading = iter(saving)
+        for _ in range(stop):
+            batch = next(reading)
+            delivered += [tuple(row) for row in batch["id"].tolist()]
+        states += consumer_states(saving.state_dict())
+    assert any(state["lead"] for state in states)
+    for rank in range(world_size):
+        resumed = dataset(rank, world_size)
+        resumed.load_elastic(states)
+        delivered += [tuple(row) for batch in loader(resumed, workers) for row in batch["id"].tolist()]
+    assert sorted(delivered) == expected
+
+
+#: One delivered mixture batch: its table, the pass of that table it came from, and its row ids.
+Mixed = tuple[int, int, list[int]]
+
+
+def consume_mixture(mixture: Mixture, batches: int | None) -> tuple[list[Mixed], dict[str, Any]]:
+    """The batches the mixture's consumer (its rank, no workers) delivers in its first
+    ``batches`` batches (all when ``None``), each with its table's pass, and its state after them."""
+    found: list[Mixed] = []
+    reading = iter(mixture)
+    while batches is None or len(found) < batches:
+        batch = next(reading, None)
+        if batch is None:
+            break
+        table = int(batch["table"])
+        found.append((table, mixture.state_dict()["tables"][table]["passes"], batch["id"].tolist()))
+    return found, mixture.state_dict()
+
+
+def check_mixed(delivered: list[Mixed], expected: list[list[int]], stop: str) -> None:
+    """Each table's rows of each pass at most once; under ``stop="cycle"`` pass 0 is every row of
+    the table, and under ``"first_exhausted"`` no batch comes from a later pass."""
+    rows: dict[tuple[int, int], list[int]] = {}
+    for table, number, ids in delivered:
+        rows.setdefault((table, number), []).extend(ids)
+    for (table, number), ids in rows.items():
+        assert len(ids) == len(set(ids)), f"a row of table {table}, pass {number} arrived twice"
+        assert stop == "cycle" or number == 0
+    if stop == "cycle":
+        for table, every in enumerate(expected):
+            assert sorted(rows.get((table, 0), [])) == every, f"pass 0 of table {table} is not every row once"
+
+
+@examples
+@given(
+    layout=mixture_layouts,
+    stop=st.sampled_from(STOP_MODES),
+    seed=st.integers(0, 100),
+    batch_size=st.integers(4, 40),
+    hops=st.sampled_from([((2, 1), (1, 1)), ((2, 1), (3, 1))]),
+    stops=st.lists(st.one_of(st.none(), st.integers(0, 12)), min_size=6, max_size=6),
+)
+def test_mixtures_re_plan_for_other_ranks_each_pass_exactly_once(
+    layout: list[tuple[list[int], str, bool, int]],
+    stop: Stop,
+    seed: int,
+    batch_size: int,
+    hops: tuple[tuple[int, int], tuple[int, int]],
+    stops: list[int | None],
+) -> None:
+    old, new = hops
+    halt = iter(stops)
+    with mixture_tables(layout) as pairs:
+        expected = [
+            kept_ids(sizes, index) if filtered else list(range(sum(sizes)))
+            for index, (sizes, _, filtered, _) in enumerate(layout)
+        ]
+
+        def mixture(rank: int, world_size: int) -> Mixture:
+            made = Mixture(
+                pairs,
+                batch_size=batch_size,
+                seed=seed,
+                columns=["id"],
+                stop=stop,
+                rank=rank,
+                world_size=world_size,
+                table_key="table",
+            )
+            made.set_epoch(1)
+            return made
+
+        delivered: list[Mixed] = []
+        states: list[dict[str, Any]] = []
+        lineage: dict[str, Any] | None = None
+        # Saved under `old`, re-planned under `new` and stopped again, then re-planned under `old`.
+        for hop, (world_size, _) in enumerate((old, new, old)):
+            saved: list[dict[str, Any]] = []
+            readers = [mixture(rank, world_size) for rank in range(world_size)]
+            if states:
+                try:
+                    for reader in readers:
+                        reader.load_elastic(states, lineage=lineage)
+                except ValueError as error:
+                    # Refused only under "cycle" with consumers in different passes of a table; the way
+                    # on is to finish the epoch under the saved ranks.
+                    assert stop == "cycle" and "different passes" in str(error)
+                    passes = {tuple(table["passes"] for table in state["tables"]) for state in states}
+                    assert len(passes) > 1
+                    for state in states:
+                        resumed = mixture(state["shard"][0], state["shard"][1])
+                        if lineage is not None:
+                            resumed.load_lineage(lineage)
+                        resumed.load_state_dict(state)
+                        delivered += consume_mixture(resumed, None)[0]
+                    break
+            for reader in readers:
+                found, state = consume_mixture(reader, None if hop == 2 else next(halt))
+                delivered += found
+                saved.append(state)
+                # A mixture's state holds one table state per table; a re-plan adds only digests.
+                assert len(str(state)) < 1024 * len(layout)
+            states, lineage = saved, readers[0].lineage()
+        check_mixed(delivered, expected, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stop", "workers"), [("cycle", 3), ("first_exhausted", 3), ("cycle", 1)])
+def test_real_mixture_loaders_saved_with_2_workers_resume_with_other_workers(
+    make_table: Callable[..., TableSpec], stop: Stop, workers: int
+) -> None:
+    sizes = [[900, 600, 700], [300, 200]]
+    pairs = [(make_table(sizes[0], seed=4), 3.0), (make_table(sizes[1], seed=2, backend="parquet"), 1.0)]
+
+    def dataset() -> Mixture:
+        return Mixture(pairs, batch_size=50, seed=7, columns=["id"], stop=stop, table_key="table")
+
+    delivered: list[tuple[int, list[int]]] = []
+    saving = loader(dataset(), 2)
+    reading = iter(saving)
+    # Early enough that both workers are in the first pass of every table.
+    delivered += [(int(batch["table"]), batch["id"].tolist()) for batch in (next(reading) for _ in range(9))]
+    states = consumer_states(saving.state_dict())
+    resumed = dataset()
+    resumed.load_elastic(states)
+    delivered += [(int(batch["table"]), batch["id"].tolist()) for batch in loader(resumed, workers)]
+    for table, table_sizes in enumerate(sizes):
+        ids = [row for index, rows in delivered if index == table for row in rows]
+        if stop == "cycle":
+            # Pass 0 whole; the passes after it may repeat rows of it.
+            assert set(ids) == set(range(sum(table_sizes)))
+        else:
+            assert len(ids) == len(set(ids))
+
+
+def test_windows_and_mixtures_name_load_elastic_for_another_topology(make_table: Callable[..., TableSpec]) -> None:
     spec = make_table([500, 500], columns=["id"])
     saving = WindowDataset(spec, windows=Windows(size=4, stride=2), batch_size=10, rank=0, world_size=2)
     next(iter(saving))
-    with pytest.raises(ValueError, match=r"saved by a consumer of 2 ranks x 1 workers.*resume under the saved ranks"):
+    with pytest.raises(ValueError, match=r"saved by a consumer of 2 ranks x 1 workers.*WindowDataset\.load_elastic"):
         WindowDataset(spec, windows=Windows(size=4, stride=2), batch_size=10).load_state_dict(saving.state_dict())
+    with pytest.raises(ValueError, match=r"windows: saved \[4, 2, None\], now \[4, 1, None\]"):
+        WindowDataset(spec, windows=Windows(size=4), batch_size=10).load_elastic([saving.state_dict()])
     mixing = Mixture([(spec, 1.0)], batch_size=10, rank=0, world_size=2)
     next(iter(mixing))
-    with pytest.raises(ValueError, match=r"Mixture does not re-plan an epoch for other ranks or workers"):
+    with pytest.raises(ValueError, match=r"Mixture\.load_elastic"):
         Mixture([(spec, 1.0)], batch_size=10, rank=1, world_size=3).load_state_dict(mixing.state_dict())
+    with pytest.raises(ValueError, match=r"each of the 2 consumers of the saved 2 ranks x 1 workers once"):
+        Mixture([(spec, 1.0)], batch_size=10).load_elastic([mixing.state_dict()])
+
+
+def test_mixture_consumers_in_different_passes_refuse_and_resume_under_the_saved_ranks(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    # Rank 0 reads the 8-row split and cycles it; rank 1 is still in the first pass of its 400 rows.
+    pairs = [(make_table([400, 400], seed=4), 1.0), (make_table([8, 400], seed=2), 1.0)]
+
+    def mixture(rank: int, world_size: int) -> Mixture:
+        return Mixture(pairs, batch_size=4, seed=7, columns=["id"], stop="cycle", rank=rank, world_size=world_size)
+
+    states = []
+    for rank in range(2):
+        saving = mixture(rank, 2)
+        reading = iter(saving)
+        for _ in range(20):
+            next(reading)
+        states.append(saving.state_dict())
+    assert [state["tables"][1]["passes"] for state in states] == [4, 0]
+    with pytest.raises(ValueError, match=r"different passes \[0, 4\] of table 1 \(stop='cycle'\).*saved ranks"):
+        mixture(0, 1).load_elastic(states)
+
+
+def test_a_mixture_saved_after_its_last_batch_resumes_ended(make_table: Callable[..., TableSpec]) -> None:
+    pairs = [(make_table([50, 30]), 1.0), (make_table([20], backend="parquet"), 1.0)]
+    for stop in STOP_MODES:
+        finished = Mixture(pairs, batch_size=8, columns=["id"], stop=stop)
+        assert list(finished)
+        resumed = Mixture(pairs, batch_size=8, columns=["id"], stop=stop)
+        resumed.load_state_dict(finished.state_dict())
+        assert list(resumed) == []
