@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.ahead import ReadAhead
-from spiral_lightning.elastic import Lineage, remainder_of, replan
+from spiral_lightning.elastic import Lineage, check_lineage, remainder_of, replan
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.lists import Units, consumer_rows, stored_rows, unit_key, units
 from spiral_lightning.media import Where, left_to_decode, project
@@ -484,25 +484,23 @@ class TableDataset(IterableDataset[Any]):
         policy and quota; ``ValueError`` naming each setting that differs otherwise."""
         saved = State.from_dict(state)
         saved.check_matches(self._state(self.shard()))
-        if saved.remainder is not None and (
-            self._lineage is None or self._lineage.digest != saved.remainder or self._remainder_epoch != saved.epoch
-        ):
-            raise ValueError(
-                f"the state continues epoch {saved.epoch} re-planned from another topology (lineage "
-                f"{saved.remainder}), which this dataset has not re-planned; restore it with "
-                "load_elastic(every consumer's state, lineage=the lineage() saved beside them)"
-            )
+        check_lineage("TableDataset", saved, self._lineage, self._remainder_epoch)
         self._resume = saved
         self._settings[0] = saved.epoch
         if saved.remainder is None:
             self._remainder = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def _begin(self) -> tuple[Shard, list[WorkItem], str]:
+        """A pass's consumer, its work list and the list's fingerprint; in a DataLoader worker the
+        pass also starts watching the process that owns the worker."""
         if self._owner_pid is not None and get_worker_info() is not None:
             watch(self._owner_pid)
         shard = self.shard()
         items = self.work(shard)
-        work = fingerprint(items)
+        return shard, items, fingerprint(items)
+
+    def __iter__(self) -> Iterator[Any]:
+        shard, items, work = self._begin()
         resume, self._resume = self._resume, None
         cursor = start_of(items)
         delivered = 0

@@ -189,6 +189,18 @@ def _link_of(data: Mapping[str, Any]) -> Link:
     )
 
 
+def check_lineage(kind: str, saved: State, lineage: Lineage | None, epoch: int) -> None:
+    """``ValueError`` when ``saved`` (a ``kind`` state) names a lineage other than ``lineage``, the
+    one this dataset re-planned ``epoch`` with: its remainder is not the one the state points into."""
+    if saved.remainder is None or (lineage is not None and lineage.digest == saved.remainder and epoch == saved.epoch):
+        return
+    raise ValueError(
+        f"the {kind} state continues epoch {saved.epoch} re-planned from another topology (lineage "
+        f"{saved.remainder}), which this dataset has not re-planned; restore it with "
+        "load_elastic(every consumer's state, lineage=the lineage() saved beside them)"
+    )
+
+
 def replan(
     source: Source,
     policy: Policy,

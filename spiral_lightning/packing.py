@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import torch
-from torch.utils.data import get_worker_info
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.frames import Last, Run, cursor_after, runs, start_of
@@ -31,8 +30,7 @@ from spiral_lightning.sources import Reader, Source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
 from spiral_lightning.transfer import handed_on
-from spiral_lightning.watchdog import watch
-from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
+from spiral_lightning.work import Policy, Shard, WorkItem, policy_name, stripe
 
 #: The version of the dictionary ``PackedDataset.state_dict`` writes.
 PACKED_FORMAT = 1
@@ -450,11 +448,7 @@ class PackedDataset(TableDataset):
         self._restored = (saved, offset)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._owner_pid is not None and get_worker_info() is not None:
-            watch(self._owner_pid)
-        shard = self.shard()
-        items = self.work(shard)
-        work = fingerprint(items)
+        shard, items, work = self._begin()
         restored, self._restored = self._restored, None
         position = PackPosition(start_of(items))
         delivered = 0

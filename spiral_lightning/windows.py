@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
-from spiral_lightning.elastic import Lineage, Remainder, replan, share_of
+from spiral_lightning.elastic import Lineage, Remainder, check_lineage, replan, share_of
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
@@ -374,14 +374,7 @@ class WindowDataset(IterableDataset[Any]):
         saved, lead = self._parsed(state)
         check_same_topology("WindowDataset", saved.shard, self.shard())
         saved.check_matches(self._state(self.shard()))
-        if saved.remainder is not None and (
-            self._lineage is None or self._lineage.digest != saved.remainder or self._remainder_epoch != saved.epoch
-        ):
-            raise ValueError(
-                f"the WindowDataset state continues epoch {saved.epoch} re-planned from another topology (lineage "
-                f"{saved.remainder}), which this dataset has not re-planned; restore it with "
-                "load_elastic(every consumer's state, lineage=the lineage() saved beside them)"
-            )
+        check_lineage("WindowDataset", saved, self._lineage, self._remainder_epoch)
         self._resume = (saved, lead)
         self.table.set_epoch(saved.epoch)
 
