@@ -57,24 +57,28 @@ def owners(positions: np.ndarray, world_size: int, workers: int) -> np.ndarray:
     return dealt
 
 
+def _firsts(world_size: int, workers: int) -> np.ndarray:
+    """The first position of a dealt order each consumer gets, by consumer; it then gets every
+    ``world_size * workers``-th position after it (see ``owners``)."""
+    consumer = np.arange(world_size * workers)
+    firsts: np.ndarray = consumer // workers + world_size * (consumer % workers)
+    return firsts
+
+
 def dealt(count: int, world_size: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
     """The positions of a dealt order of ``count`` values, consumer after consumer, each
     consumer's in order, and their owners."""
     consumers = world_size * workers
-    consumer = np.arange(consumers)
-    first = consumer // workers + world_size * (consumer % workers)
-    positions = first[:, None] + consumers * np.arange(-(-count // consumers))[None, :]
+    positions = _firsts(world_size, workers)[:, None] + consumers * np.arange(-(-count // consumers))[None, :]
     kept = positions < count
-    return positions[kept], np.broadcast_to(consumer[:, None], positions.shape)[kept]
+    return positions[kept], np.broadcast_to(np.arange(consumers)[:, None], positions.shape)[kept]
 
 
 def _dealt_rows(count: int, world_size: int, workers: int) -> np.ndarray:
     """How many positions of a dealt order of ``count`` values each consumer gets."""
     consumers = world_size * workers
-    consumer = np.arange(consumers)
-    first = consumer // workers + world_size * (consumer % workers)
-    dealt: np.ndarray = np.maximum(count - first + consumers - 1, 0) // consumers
-    return dealt
+    rows: np.ndarray = np.maximum(count - _firsts(world_size, workers) + consumers - 1, 0) // consumers
+    return rows
 
 
 def _balanced_bounds(total: int, world_size: int, workers: int) -> np.ndarray:
