@@ -10,14 +10,15 @@ block's document boundaries are where positions fall back to 0 (document masking
 separator takes the position after its document's last token. The stream's tail shorter than
 one block is dropped and counted.
 
-Everything is computed per read batch with numpy over the Arrow offsets and values: no Python
-runs per document or per token.
+Everything is computed with numpy over the Arrow offsets and values, a piece of a read batch's
+stream at a time (``PIECE_TOKENS``): no Python runs per document or per token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +40,11 @@ PACKED_FORMAT = 1
 POSITIONS = "positions"
 
 Tokens = np.ndarray[Any, np.dtype[np.int64]]
+
+#: Tokens a read batch's stream is built in at a time (rounded to whole batches, at least one):
+#: pieces this size stay in the processor's cache and reuse freed memory, where building a whole
+#: read batch of millions of tokens at once runs at the speed of memory and fresh pages.
+PIECE_TOKENS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,11 @@ class PackPosition(NamedTuple):
     offset: int = 0
 
 
+#: What finds the position after a batch of blocks: called only when a state is saved, which is
+#: far rarer than a batch.
+After = Callable[[], PackPosition]
+
+
 class Blocks(NamedTuple):
     """Consecutive blocks of a stream: token ids and their positions, both int64 ``[blocks, length]``."""
 
@@ -81,13 +92,47 @@ class Blocks(NamedTuple):
 
 
 class Stream(NamedTuple):
-    """The stream of one read batch's documents from ``first`` tokens into its first document on:
-    ``tokens`` and their ``positions``, and ``ends``, where each document's tokens end in it."""
+    """The stream of one read batch's documents, described rather than built: ``values``, their
+    token ids as read (viewed, not copied); ``starts`` and ``ends``, where each non-empty
+    document's tokens (its separator included) start and end in the stream; ``bounds``, where
+    every document's tokens end (empty ones too), for cursors; and ``begin``, the first token not
+    delivered before this read batch."""
 
-    tokens: Tokens
-    positions: Tokens
+    values: np.ndarray[Any, np.dtype[Any]]
+    starts: Tokens
     ends: Tokens
-    first: int
+    bounds: Tokens
+    begin: int
+    separator: int | None
+
+    @property
+    def total(self) -> int:
+        """The tokens of the whole stream, from its first document's first token."""
+        return int(self.bounds[-1]) if len(self.bounds) else 0
+
+    def piece(self, low: int, high: int, ramp: Tokens) -> tuple[Tokens, Tokens]:
+        """Tokens ``low`` to ``high`` of the stream and their positions, both int64; ``ramp`` is
+        ``0, 1, 2, ...``, reused when it is long enough."""
+        size = high - low
+        first = int(np.searchsorted(self.ends, low, side="right"))
+        last = int(np.searchsorted(self.starts, high, side="left"))
+        starts, ends = self.starts[first:last], self.ends[first:last]
+        # A token's position is its place in the stream less its document's start.
+        spans = np.minimum(ends, high) - np.maximum(starts, low)
+        positions = np.repeat(starts - low, spans)
+        np.subtract(ramp[:size] if size <= len(ramp) else np.arange(size), positions, out=positions)
+        if self.separator is None:
+            return self.values[low:high].astype(np.int64), positions
+        # Every document ending before ``low`` put one separator before it, so this piece's values
+        # start that many tokens earlier; the separators take the places the values leave.
+        separators = ends[ends <= high] - 1 - low
+        tokens = np.empty(size, dtype=np.int64)
+        between = np.ones(size, dtype=bool)
+        between[separators] = False
+        held = low - first
+        tokens[between] = self.values[held : held + size - len(separators)]
+        tokens[separators] = self.separator
+        return tokens, positions
 
 
 def _documents(documents: pa.Array, where: str) -> tuple[Tokens, pa.Array]:
@@ -117,46 +162,28 @@ def stream_tokens(documents: pa.Array, packing: Packing, where: str) -> int:
 
 
 def document_stream(documents: pa.Array, packing: Packing, first: int, where: str) -> Stream:
-    """The stream of ``documents`` (a list array of token ids), its first ``first`` tokens left out."""
+    """The stream of ``documents`` (a list array of token ids), its first ``first`` tokens delivered."""
     lengths, values = _documents(documents, where)
-    if packing.separator is None:
-        tokens = values.to_numpy().astype(np.int64)
-    else:
+    if packing.separator is not None:
         lengths = lengths + (lengths > 0)
-        separators = np.cumsum(lengths)[lengths > 0] - 1
-        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-        # One pass places and widens every token; the separators then fill the places left.
-        between = np.ones(len(tokens), dtype=bool)
-        between[separators] = False
-        tokens[between] = values.to_numpy()
-        tokens[separators] = packing.separator
-    ends = np.cumsum(lengths)
-    # Positions count up by one and fall back to 0 at each document's first token: a running sum
-    # of steps, each document's first step taking back the previous document's count.
+    if first and (not len(lengths) or first >= lengths[0]):
+        held = int(lengths[0]) if len(lengths) else 0
+        raise ValueError(
+            f"the state's token offset {first} lies past the {held} tokens of the document it names ({where}); "
+            "the state was edited or damaged"
+        )
+    bounds = np.cumsum(lengths)
     nonempty = lengths > 0
-    firsts, counts = (ends - lengths)[nonempty], lengths[nonempty]
-    positions = np.ones(len(tokens), dtype=np.int64)
-    if len(firsts):
-        positions[firsts[0]] = 0
-        positions[firsts[1:]] = 1 - counts[:-1]
-    np.cumsum(positions, out=positions)
-    if first:
-        if not len(lengths) or first >= lengths[0]:
-            held = int(lengths[0]) if len(lengths) else 0
-            raise ValueError(
-                f"the state's token offset {first} lies past the {held} tokens of the document it names ({where}); "
-                "the state was edited or damaged"
-            )
-        tokens, positions, ends = tokens[first:], positions[first:], ends - first
-    return Stream(tokens, positions, ends, first)
+    ends = bounds[nonempty]
+    return Stream(values.to_numpy(), ends - lengths[nonempty], ends, bounds, first, packing.separator)
 
 
 def _after(run: Run, stream: Stream, used: int, items: Sequence[WorkItem]) -> PackPosition:
     """The position of the stream's token ``used`` (the next block's first) in ``run``."""
-    document = int(np.searchsorted(stream.ends, used, side="right"))
-    if document == len(stream.ends):
+    document = int(np.searchsorted(stream.bounds, used, side="right"))
+    if document == len(stream.bounds):
         return PackPosition(cursor_after(run, items, run.rows.num_rows))
-    start = int(stream.ends[document - 1]) if document else -stream.first
+    start = int(stream.bounds[document - 1]) if document else 0
     return PackPosition(cursor_after(run, items, document), used - start)
 
 
@@ -169,19 +196,23 @@ def read_blocks(
     last: Last,
     limit: int | None = None,
     table: str = "the table",
-) -> Generator[tuple[Blocks, PackPosition], None, int]:
+    piece: int = PIECE_TOKENS,
+) -> Generator[tuple[Blocks, After], None, int]:
     """Batches of ``batch_size`` blocks of the stream of ``items`` from ``position`` on, each
-    with the position after it; returns the tokens of the stream's tail dropped for being shorter
+    with what finds the position after it; returns the tokens of the stream's tail dropped for being shorter
     than a block.
 
     The blocks after the last full batch are one shorter batch with ``last="keep_partial"``, a
     ``ValueError`` with ``"require_full"``. With a ``limit`` the stream stops after that many
-    blocks, at the position of a finished consumer. Only the tokens of the batch being filled
-    are held beyond the current read batch.
+    blocks, at the position of a finished consumer. Batches inside one read batch are views of
+    pieces of about ``piece`` tokens (whole batches, at least one); only the tokens of the batch
+    being filled are held beyond the current read batch.
     """
     length = packing.length
     size = batch_size * length
-    done = PackPosition(Cursor(len(items), 0))
+    per_piece = max(1, piece // size)
+    ramp = np.arange(per_piece * size, dtype=np.int64)
+    done = partial(PackPosition, Cursor(len(items), 0))
     left = limit
     if left is not None and left <= 0:
         return 0
@@ -194,22 +225,32 @@ def read_blocks(
         where = f"{table}, split {item.split} from stored row {run.row} (output row {run.skip} on)"
         stream = document_stream(run.rows.column(0), packing, first, where)
         first = 0
-        used = 0
-        while held_tokens + len(stream.tokens) - used >= size:
-            take = size - held_tokens
-            held.append((stream.tokens[used : used + take], stream.positions[used : used + take]))
-            used += take
-            blocks = _blocks(held, batch_size, length)
-            held, held_tokens = [], 0
-            if left is not None and left <= batch_size:
-                yield _head(blocks, left), done
-                return 0
-            if left is not None:
-                left -= batch_size
-            yield blocks, _after(run, stream, used, items)
-        if used < len(stream.tokens):
-            held.append((stream.tokens[used:], stream.positions[used:]))
-            held_tokens += len(stream.tokens) - used
+        used, total = stream.begin, stream.total
+        while held_tokens + total - used >= size:
+            ready: list[tuple[Blocks, int]] = []
+            if held:
+                take = size - held_tokens
+                held.append(stream.piece(used, used + take, ramp))
+                used += take
+                ready.append((_blocks(held, batch_size, length), used))
+                held, held_tokens = [], 0
+            else:
+                count = min(per_piece, (total - used) // size)
+                tokens, positions = stream.piece(used, used + count * size, ramp)
+                shape = (count, batch_size, length)
+                batches = zip(tokens.reshape(shape), positions.reshape(shape), strict=True)
+                ready += [(Blocks(*batch), used + (index + 1) * size) for index, batch in enumerate(batches)]
+                used += count * size
+            for blocks, end in ready:
+                if left is not None and left <= batch_size:
+                    yield _head(blocks, left), done
+                    return 0
+                if left is not None:
+                    left -= batch_size
+                yield blocks, partial(_after, run, stream, end, items)
+        if used < total:
+            held.append(stream.piece(used, total, ramp))
+            held_tokens += total - used
     whole = held_tokens // length
     if whole:
         if last == "require_full":
@@ -315,7 +356,7 @@ class PackedDataset(TableDataset):
         self.packing = packing
         self.batch_size: int = batch_size
         self.dropped = 0
-        self._position: PackPosition | None = None
+        self._next: After | None = None
         self._blocks = 0
         self._packed_work: str | None = None
         self._restored: tuple[State, int] | None = None
@@ -324,7 +365,7 @@ class PackedDataset(TableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
         if epoch != self.epoch:
-            self._position = None
+            self._next = None
             self._blocks = 0
             self._packed_work = None
             self.dropped = 0
@@ -390,9 +431,9 @@ class PackedDataset(TableDataset):
             self._item_tokens.update(zip(missing, counted, strict=True))
         return [sum(self._item_tokens[item] for item in items) for items in lists]
 
-    def _packed_state(self, shard: Shard) -> State:
+    def _packed_state(self, shard: Shard, position: PackPosition | None) -> State:
         # A table state whose cursor is the document of the next block and whose delivered are blocks.
-        cursor = None if self._position is None else self._position.cursor
+        cursor = None if position is None else position.cursor
         return replace(self._state(shard), work=self._packed_work, cursor=cursor, delivered=self._blocks, skipped=0)
 
     def state_dict(self) -> dict[str, Any]:
@@ -400,7 +441,8 @@ class PackedDataset(TableDataset):
         if self._restored is not None:
             table, offset = self._restored
         else:
-            table, offset = self._packed_state(self.shard()), 0 if self._position is None else self._position.offset
+            position = None if self._next is None else self._next()
+            table, offset = self._packed_state(self.shard(), position), 0 if position is None else position.offset
         return {"format": PACKED_FORMAT, "table": table.to_dict(), "packing": self.packing.settings(), "offset": offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -443,7 +485,7 @@ class PackedDataset(TableDataset):
             raise ValueError(
                 f"the PackedDataset state has token offset {offset} but no cursor; it was edited or damaged"
             )
-        saved.check_matches(self._packed_state(self.shard()))
+        saved.check_matches(self._packed_state(self.shard(), None))
         self.set_epoch(saved.epoch)
         self._restored = (saved, offset)
 
@@ -463,7 +505,7 @@ class PackedDataset(TableDataset):
             check_cursor(saved.cursor, items)
             position, delivered = PackPosition(saved.cursor, offset), saved.delivered
         self._packed_work = work
-        self._position = position
+        self._next = partial(PackPosition, *position)
         self._blocks = delivered
         self.dropped = 0
         quota = self.rows_per_consumer
@@ -479,7 +521,7 @@ class PackedDataset(TableDataset):
             table,
         )
         for batch, after in self._tallied(blocks):
-            self._position = after
+            self._next = after
             self._blocks += len(batch.tokens)
             tensors = {
                 self.packing.column: torch.from_numpy(batch.tokens),
@@ -487,9 +529,7 @@ class PackedDataset(TableDataset):
             }
             yield handed_on(tensors if self.transform is None else self.transform(tensors))
 
-    def _tallied(
-        self, blocks: Generator[tuple[Blocks, PackPosition], None, int]
-    ) -> Iterator[tuple[Blocks, PackPosition]]:
+    def _tallied(self, blocks: Generator[tuple[Blocks, After], None, int]) -> Iterator[tuple[Blocks, After]]:
         """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""
         self.dropped = yield from blocks
 

@@ -24,7 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, TableDataset, TableSpec, balanced, stripe
 from spiral_lightning.frames import read_frames, start_of
-from spiral_lightning.packing import PackPosition, read_blocks
+from spiral_lightning.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, write_uneven, write_uneven_parquet
@@ -109,6 +109,7 @@ def consumer_docs(spec: TableSpec, items: Any, lengths: Sequence[int]) -> list[l
     separator=st.sampled_from([None, SEPARATOR]),
     filtered=st.booleans(),
     policy=st.sampled_from(sorted(POLICIES)),
+    piece=st.sampled_from([1, 20, PIECE_TOKENS]),
 )
 def test_every_token_once_in_order_over_ranks_workers_lengths_and_layouts(
     layout: tuple[list[int], list[int]],
@@ -120,6 +121,7 @@ def test_every_token_once_in_order_over_ranks_workers_lengths_and_layouts(
     separator: int | None,
     filtered: bool,
     policy: str,
+    piece: int,
 ) -> None:
     lengths, splits = layout
     packing = Packing("tokens", length, separator)
@@ -133,7 +135,8 @@ def test_every_token_once_in_order_over_ranks_workers_lengths_and_layouts(
                 expected = stream(docs, separator)
                 positions = reference_positions(docs, separator)
                 whole = len(expected) // length * length
-                blocks = read_blocks(source, items, PackPosition(start_of(items)), packing, batch_size, "keep_partial")
+                start = PackPosition(start_of(items))
+                blocks = read_blocks(source, items, start, packing, batch_size, "keep_partial", piece=piece)
                 tokens: list[int] = []
                 delivered_positions: list[int] = []
                 while True:
