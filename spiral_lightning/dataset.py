@@ -386,9 +386,7 @@ class TableDataset(IterableDataset[Any]):
         DataModule and Ray's ``train_loader`` do before each epoch). Without a filter, a process
         group of this dataset's ranks or a built-in policy it does nothing, and counts are made
         by each rank alone when asked."""
-        if self.spec.filter is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
-            return
-        if (torch.distributed.get_rank(), torch.distributed.get_world_size()) != (self.rank, self.world_size):
+        if self.spec.filter is None or not self._ranks_grouped():
             return
         plan, policy, key = self._lists(max(1, workers))
         if key is None or key in self._unit_rows:
@@ -401,6 +399,13 @@ class TableDataset(IterableDataset[Any]):
         for rank, part in enumerate(parts):
             counted[rank :: self.world_size] = part
         self._unit_rows[key] = counted
+
+    def _ranks_grouped(self) -> bool:
+        """Whether the default ``torch.distributed`` process group is this dataset's ranks, so
+        that its ranks can share what they count."""
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return False
+        return (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (self.rank, self.world_size)
 
     def _lists(self, workers: int) -> tuple[Plan, Policy, str | None]:
         """What this epoch's work lists are cut from when each rank has ``workers`` consumers:

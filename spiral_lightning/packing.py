@@ -421,14 +421,42 @@ class PackedDataset(TableDataset):
         quota = self.rows_per_consumer
         return blocks if quota is None else min(blocks, quota)
 
+    def count_shared(self, workers: int) -> None:
+        """Count the stream tokens of every work item of this epoch's lists with ``workers``
+        workers a rank, each rank a ``1/world_size`` share of the items, and exchange the counts
+        over the default ``torch.distributed`` process group: even batches need the blocks of
+        every rank's consumers, and the token column is then read once per job, not once per rank
+        (items counted before are not read again). A collective, called like
+        ``TableDataset.count_shared``, with or without a filter; without a process group of this
+        dataset's ranks it does nothing, and each rank counts alone when asked."""
+        if not self._ranks_grouped():
+            return
+        consumers = max(1, workers)
+        shards = [
+            Shard(rank, self.world_size, worker, consumers)
+            for rank in range(self.world_size)
+            for worker in range(consumers)
+        ]
+        every = list(dict.fromkeys(item for shard in shards for item in self.work(shard)))
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, self._item_counts(every[self.rank :: self.world_size]))
+        for rank, part in enumerate(parts):
+            self._item_tokens.update(zip(every[rank :: self.world_size], part, strict=True))
+
+    def _item_counts(self, items: Sequence[WorkItem]) -> list[int]:
+        """The stream tokens of each of ``items``, counting those not counted yet in one read of
+        the token column."""
+        missing = [item for item in dict.fromkeys(items) if item not in self._item_tokens]
+        if missing:
+            counted = count_tokens(self.source(), missing, self.packing)
+            self._item_tokens.update(zip(missing, counted, strict=True))
+        return [self._item_tokens[item] for item in items]
+
     def _tokens(self, shards: Sequence[Shard]) -> list[int]:
         """The stream tokens of each of ``shards``' work lists, counting the items not counted yet
         in one read of the token column."""
         lists = [self.work(shard) for shard in shards]
-        missing = list(dict.fromkeys(item for items in lists for item in items if item not in self._item_tokens))
-        if missing:
-            counted = count_tokens(self.source(), missing, self.packing)
-            self._item_tokens.update(zip(missing, counted, strict=True))
+        self._item_counts([item for items in lists for item in items])
         return [sum(self._item_tokens[item] for item in items) for items in lists]
 
     def _packed_state(self, shard: Shard, position: PackPosition | None) -> State:

@@ -1,9 +1,11 @@
-"""One rank of a two-process job (gloo on CPU) that shares a filtered table's counts, run as a
-script: ``--rank r`` of ``--world-size w``, meeting at ``--port``.
+"""One rank of a two-process job (gloo on CPU) that shares a table's counts, run as a script:
+``--rank r`` of ``--world-size w``, meeting at ``--port``.
 
 Each rank calls ``count_shared`` then ``even_rows`` and ``batches`` for ``--epochs`` epochs, as
-the DataModule does, through a source that records its ``count`` calls, and writes the calls and
-the counts to ``<out>/rank<r>.json``.
+the DataModule does, through a source that records its ``count`` and ``read`` calls, and writes
+the calls and the counts to ``<out>/rank<r>.json``. The dataset is a ``TableDataset`` under
+``--filter``, or with ``--packed COLUMN`` a ``PackedDataset`` of blocks of ``PACKED_LENGTH``
+tokens of that column.
 """
 
 from __future__ import annotations
@@ -11,25 +13,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch.distributed
 
-from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.sources import Source
+from spiral_lightning import PackedDataset, TableDataset, TableSpec
+from spiral_lightning.sources import ReadBatch, Source
 from spiral_lightning.work import WorkItem
 
 WORKERS = 2
+#: Tokens per block of the packed dataset.
+PACKED_LENGTH = 8
 
 
 class CountingSource:
-    """A real source that also records the size of each ``count`` call made through it."""
+    """A real source that also records the size of each ``count`` and ``read`` call made through it."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self.calls: list[int] = []
+        self.reads: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
@@ -38,11 +43,16 @@ class CountingSource:
         self.calls.append(len(items))
         return self.source.count(items)
 
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        self.reads.append(len(items))
+        return self.source.read(items)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
-    parser.add_argument("--filter", required=True)
+    parser.add_argument("--filter")
+    parser.add_argument("--packed")
     parser.add_argument("--policy", required=True)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
@@ -54,12 +64,12 @@ def main() -> None:
     os.environ["MASTER_PORT"] = str(args.port)
     torch.distributed.init_process_group("gloo", rank=args.rank, world_size=args.world_size)
     try:
-        dataset = TableDataset(
-            TableSpec(args.uri, filter=args.filter),
-            batch_size=16,
-            policy=args.policy,
-            rank=args.rank,
-            world_size=args.world_size,
+        spec = TableSpec(args.uri, filter=args.filter)
+        placing = {"policy": args.policy, "rank": args.rank, "world_size": args.world_size}
+        dataset = (
+            TableDataset(spec, batch_size=16, **placing)
+            if args.packed is None
+            else PackedDataset(spec, column=args.packed, length=PACKED_LENGTH, batch_size=3, **placing)
         )
         counting = CountingSource(dataset.source())
         dataset._source = counting  # type: ignore[assignment]
@@ -71,7 +81,8 @@ def main() -> None:
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
-    (args.out / f"rank{args.rank}.json").write_text(json.dumps({"calls": counting.calls, "epochs": epochs}))
+    recorded = {"calls": counting.calls, "reads": counting.reads, "epochs": epochs}
+    (args.out / f"rank{args.rank}.json").write_text(json.dumps(recorded))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ by exact id."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,12 +29,15 @@ from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, Ta
 from spiral_lightning.frames import read_frames, start_of
 from spiral_lightning.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
+from tests.count_ddp_job import PACKED_LENGTH
 from tests.loaders import stopped_and_resumed
+from tests.objectstore import free_ports
 from tests.tables import BACKENDS, write_uneven, write_uneven_parquet
 
 examples = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SEPARATOR = -1
 POLICIES = {"stripe": stripe, "balanced": balanced}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def documents(lengths: Sequence[int]) -> list[list[int]]:
@@ -256,6 +262,28 @@ def test_a_quota_of_blocks_stops_every_consumer_at_the_same_batch(tmp_path: Path
         delivered = list(dataset)
         assert sum(len(b["tokens"]) for b in delivered) == quota
         assert len(delivered) == dataset.batches(0)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_ranks_share_the_token_counts_of_a_job(tmp_path: Path, policy: str) -> None:
+    """Two gloo processes count a packed table's tokens for even batches: each reads the token
+    column of half the job's work items, once in three epochs, and gets every rank's counts."""
+    spec = write_uneven(tmp_path / "t", corpus([(row * 7) % 23 for row in range(60)]), [10, 0, 15, 20, 15])
+    port, world_size, workers = free_ports(1)[0], 2, 2
+    command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--packed", "tokens"]
+    command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
+    jobs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(world_size)]
+    assert [job.wait(timeout=300) for job in jobs] == [0, 0]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+    options: dict[str, Any] = {"column": "tokens", "length": PACKED_LENGTH, "batch_size": 3, "policy": policy}
+    alone = [PackedDataset(spec, **options, rank=rank, world_size=world_size) for rank in range(world_size)]
+    shards = [Shard(rank, world_size, worker, workers) for rank in range(world_size) for worker in range(workers)]
+    items = list(dict.fromkeys(item for shard in shards for item in alone[0].work(shard)))
+    assert [result["reads"] for result in results] == [[len(items[rank::world_size])] for rank in range(world_size)]
+    for dataset, result in zip(alone, results, strict=True):
+        for epoch, counted in enumerate(result["epochs"]):
+            dataset.set_epoch(epoch)
+            assert counted == {"even_rows": list(dataset.even_rows(workers)), "batches": dataset.batches(workers)}
 
 
 @pytest.mark.slow
