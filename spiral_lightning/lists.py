@@ -104,6 +104,20 @@ def _balanced_pieces(plan: Plan, world_size: int, workers: int) -> Pieces:
     return Pieces(plan.ids[split], start, start + high - low, owner)
 
 
+def _balanced_firsts(plan: Plan, world_size: int, workers: int) -> np.ndarray:
+    """The number of ``balanced``'s first piece of each consumer (see ``_balanced_pieces``), by
+    consumer, then the number of pieces, without cutting the plan: the pieces begin at the
+    distinct values of the splits' and the consumers' first rows, so the pieces before a row are
+    the distinct split offsets below it plus the consumer bounds below it that no split shares."""
+    bounds = _balanced_bounds(plan.total, world_size, workers)
+    offsets = plan.offsets[np.concatenate(([True], np.diff(plan.offsets) > 0))]
+    distinct = np.unique(bounds)
+    found = np.minimum(np.searchsorted(offsets, distinct), offsets.size - 1)
+    alone = distinct[offsets[found] != distinct]
+    firsts: np.ndarray = np.searchsorted(offsets, bounds) + np.searchsorted(alone, bounds)
+    return firsts
+
+
 def plan_all(policy: Policy, plan: Sequence[Split], world_size: int, workers: int, epoch: int = 0) -> Pieces:
     """Every consumer's work list in ``epoch`` when each of ``world_size`` ranks has ``workers``
     workers, consumer after consumer: the items of owner ``c`` are, in order, ``policy(plan,
@@ -212,7 +226,10 @@ def consumer_rows(
         owner, rows = owners(positions, world_size, workers), unit_rows[odd] - full
         base = _dealt_rows(unit_rows.size, world_size, workers) * full
     else:
-        owner, rows = _balanced_pieces(plan, world_size, workers).owner, unit_rows
+        # A consumer's pieces are consecutive: its rows are a difference of running sums.
+        running = np.concatenate(([0], np.cumsum(unit_rows, dtype=np.int64)))
+        counted: np.ndarray = np.diff(running[_balanced_firsts(plan, world_size, workers)])
+        return counted
     # bincount sums in float64, exact below 2**53 rows.
     summed: np.ndarray = base + np.rint(np.bincount(owner, weights=rows, minlength=consumers)).astype(np.int64)
     return summed
