@@ -137,14 +137,15 @@ def plan_all(policy: Policy, plan: Sequence[Split], world_size: int, workers: in
         return _balanced_pieces(plan, world_size, workers)
     every = [
         (consumer, *item)
-        for consumer, shard in enumerate(_shards(world_size, workers))
+        for consumer, shard in enumerate(every_shard(world_size, workers))
         for item in policy(plan, shard, epoch)
     ]
     columns = np.array(every, dtype=np.int64).reshape(-1, 4)
     return Pieces(columns[:, 1], columns[:, 2], columns[:, 3], columns[:, 0])
 
 
-def _shards(world_size: int, workers: int) -> list[Shard]:
+def every_shard(world_size: int, workers: int) -> list[Shard]:
+    """Every consumer of ``world_size`` ranks of ``workers`` workers, rank after rank."""
     return [Shard(rank, world_size, worker, workers) for rank in range(world_size) for worker in range(workers)]
 
 

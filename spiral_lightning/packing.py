@@ -27,6 +27,7 @@ import torch
 
 from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset
 from spiral_lightning.frames import Last, Run, cursor_after, runs, start_of
+from spiral_lightning.lists import every_shard
 from spiral_lightning.sources import Reader, Source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.state import Cursor, State, check_cursor
@@ -199,8 +200,8 @@ def read_blocks(
     piece: int = PIECE_TOKENS,
 ) -> Generator[tuple[Blocks, After], None, int]:
     """Batches of ``batch_size`` blocks of the stream of ``items`` from ``position`` on, each
-    with what finds the position after it; returns the tokens of the stream's tail dropped for being shorter
-    than a block.
+    with what finds the position after it; returns the tokens of the stream's tail dropped for
+    being shorter than a block.
 
     The blocks after the last full batch are one shorter batch with ``last="keep_partial"``, a
     ``ValueError`` with ``"require_full"``. With a ``limit`` the stream stops after that many
@@ -405,13 +406,8 @@ class PackedDataset(TableDataset):
         rank has ``workers`` DataLoader workers, and the blocks that leaves out of the epoch: the
         fewest whole blocks of any consumer, rounded down to whole batches with
         ``last="require_full"``; give it to ``set_rows_per_consumer``."""
-        consumers = max(1, workers)
-        shards = [
-            Shard(rank, self.world_size, worker, consumers)
-            for rank in range(self.world_size)
-            for worker in range(consumers)
-        ]
-        blocks = [tokens // self.packing.length for tokens in self._tokens(shards)]
+        tokens = self._tokens(every_shard(self.world_size, max(1, workers)))
+        blocks = [count // self.packing.length for count in tokens]
         quota = min(blocks)
         if self.last == "require_full":
             quota -= quota % self.batch_size
@@ -431,12 +427,7 @@ class PackedDataset(TableDataset):
         dataset's ranks it does nothing, and each rank counts alone when asked."""
         if not self._ranks_grouped():
             return
-        consumers = max(1, workers)
-        shards = [
-            Shard(rank, self.world_size, worker, consumers)
-            for rank in range(self.world_size)
-            for worker in range(consumers)
-        ]
+        shards = every_shard(self.world_size, max(1, workers))
         every = list(dict.fromkeys(item for shard in shards for item in self.work(shard)))
         parts: list[Any] = [None] * self.world_size
         torch.distributed.all_gather_object(parts, self._item_counts(every[self.rank :: self.world_size]))
