@@ -8,6 +8,7 @@ pass takes about the longer of the two instead of their sum.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,12 @@ class _Failed(NamedTuple):
 #: What a reading thread hands on after the last read batch of its pass.
 _END = object()
 
+#: Seconds the interpreter's exit waits for each reading thread still alive to finish its read.
+_EXIT_WAIT = 10.0
+
+#: The reading threads of passes not yet ended, with the event that stops each.
+_LIVE: dict[threading.Thread, threading.Event] = {}
+
 
 class ReadAhead:
     """Reads of one opened table version on background threads, each up to ``depth`` read batches
@@ -48,11 +55,14 @@ class ReadAhead:
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
         """What the source's ``read(items)`` yields, read ahead; the thread starts on the first
-        ``next`` and stops once the iterator is exhausted, closed or collected."""
+        ``next``, and once the iterator is exhausted, closed or collected it has ended: its read
+        is closed before the consumer goes on."""
         batches: queue.Queue[object] = queue.Queue(self.depth)
         stop = threading.Event()
         args = (self.source, list(items), batches, stop)
-        threading.Thread(target=_fill, args=args, name="spiral-lightning-read-ahead", daemon=True).start()
+        thread = threading.Thread(target=_fill, args=args, name="spiral-lightning-read-ahead", daemon=True)
+        _LIVE[thread] = stop
+        thread.start()
         try:
             while True:
                 batch = batches.get()
@@ -63,6 +73,21 @@ class ReadAhead:
                 yield cast(ReadBatch, batch)
         finally:
             stop.set()
+            # A read left running is native code (Arrow's, spiral-sdk's) that the interpreter's
+            # exit may tear down under it, which aborts the process. The garbage collector may
+            # close this iterator on the reading thread itself, which then ends on its own.
+            if thread is not threading.current_thread():
+                thread.join()
+            _LIVE.pop(thread, None)
+
+
+@atexit.register
+def _stop_live_passes() -> None:
+    """Stop the reads of passes still open when the interpreter exits (an iterator held in a
+    global), for the reason ``read`` joins its thread."""
+    for thread, stop in list(_LIVE.items()):
+        stop.set()
+        thread.join(_EXIT_WAIT)
 
 
 def _fill(source: Source, items: list[WorkItem], batches: queue.Queue[object], stop: threading.Event) -> None:
