@@ -5,8 +5,9 @@ Run ``.venv/bin/python benchmarks/planning.py`` (a few minutes on 2 cores; ``--s
 100000 --ranks 8 64`` for a quick look). The plans are synthetic (a ``Plan`` of splits of 50,000
 to 150,000 stored rows, so ``Shuffled()``'s 8,192-row blocks number about 12.7 a split) and no
 table is read: only planning is timed. A table adds its source's costs: opening it (the plan's
-columns are built once per process, timed as *plan columns*) and, under a filter, counting the
-rows each unit keeps once per job, a ``1/world_size`` share per rank (``count_shared``).
+columns are built once per process, timed as *plan columns*, and held by every process that
+reads, each DataLoader worker included: *plan held*) and, under a filter, counting the rows each
+unit keeps once per job, a ``1/world_size`` share per rank (``count_shared``).
 
 - *one consumer's list*: ``policy(plan, shard, epoch=1)`` for the last worker of the last rank,
   what every DataLoader worker computes at start and, for ``Shuffled``, every epoch;
@@ -85,6 +86,16 @@ def peak_bytes(work: Callable[[], object]) -> int:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak
+
+
+def held_bytes(make: Callable[[], object]) -> int:
+    """The bytes still allocated once ``make()`` has returned, its result kept."""
+    tracemalloc.start()
+    kept = make()
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del kept
+    return held
 
 
 def saved_states(policy: Policy, plan: Plan, world_size: int, epoch: int) -> list[State]:
@@ -169,6 +180,7 @@ def main() -> None:
     plan = synthetic_plan(splits[-1])
     raw = list(plan)
     columns = seconds(lambda: Plan(raw), 1)
+    held = held_bytes(lambda: synthetic_plan(splits[-1]))
     items = [WorkItem(split.id, split.start, split.end) for split in raw]
     digest = seconds(lambda: fingerprint(items), 1)
 
@@ -200,6 +212,7 @@ def main() -> None:
         met = "yes" if value <= target else "NO"
         print(f"| {label} | {shown} | < {target:g} {unit} | {value / target:.6f}x | {met} |")
     print(f"| plan columns, once per process | {columns:.3f} s | | |")
+    print(f"| plan held by each process | {held / 2**20:.1f} MB | | |")
     print(f"| `fingerprint` of a {big:,}-item list | {digest:.3f} s | | |")
 
     print(f"\n## Seconds by plan size, at {top:,} ranks x {WORKERS} workers (growth exponent in splits)\n")

@@ -18,7 +18,7 @@ from ray.data.block import BlockMetadata
 
 from spiral_lightning.sources import open_source
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.work import Policy, Shard, Split, WorkItem, as_policy, stripe
+from spiral_lightning.work import Policy, Shard, Split, WorkItem, as_plan, as_policy, stripe
 
 #: Bytes per row guessed for each column whose width the schema does not fix (strings, binary,
 #: ragged lists): only the planner's size estimate uses it, never a read.
@@ -82,9 +82,10 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
         self.shard = Shard() if shard is None else Shard(*shard).check()
         source = open_source(self.spec)
         self.schema: pa.Schema = source.schema
-        splits = {split.id: split for split in source.splits}
-        self.items = as_policy(policy)(source.splits, self.shard, epoch)
-        self._rows = [_rows(splits[item.split], item) for item in self.items]
+        plan = as_plan(source.splits)
+        index = dict(zip(plan.ids.tolist(), range(len(plan)), strict=True))
+        self.items = as_policy(policy)(plan, self.shard, epoch)
+        self._rows = [_rows(plan[index[item.split]], item) for item in self.items]
         # Without a filter every stored row is returned, so a task's rows are known exactly.
         self._exact = self.spec.filter is None
         self._row_bytes = row_bytes(self.schema)

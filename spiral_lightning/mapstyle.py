@@ -23,7 +23,7 @@ from spiral_lightning.sequences import TooLong
 from spiral_lightning.sources import Source, Take, open_source
 from spiral_lightning.spec import TableSpec, as_spec
 from spiral_lightning.tensors import NullError, Nulls, check_nulls, to_torch
-from spiral_lightning.work import WorkItem
+from spiral_lightning.work import Shard, stripe
 
 #: One row as ``TableMapDataset`` returns it: each column's value by column name.
 Row = dict[str, Any]
@@ -147,7 +147,8 @@ class TableMapDataset(Dataset[Any]):
         """The index after the last row of each split: the running total of exact split counts."""
         if self._ends is None:
             source = self.source()
-            counts = source.count([WorkItem(split.id, split.start, split.end) for split in source.splits])
+            # One consumer's stripe is every split whole, in stored order.
+            counts = source.count(stripe(source.splits, Shard()))
             self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
         return self._ends
 

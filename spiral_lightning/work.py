@@ -206,30 +206,35 @@ def _part(total: int, index: int, parts: int) -> tuple[int, int]:
 
 class Plan(Sequence[Split]):
     """A table version's splits in stored order, kept as int64 columns: ``ids``, ``starts``,
-    ``ends``, and ``offsets`` (where each split begins in the plan laid end to end, then the
-    total). Policies plan from the columns, so a plan of a million splits is walked once per
-    process, not once per consumer; a slice is a plan over the same columns. A split that ends
-    before it starts counts as empty."""
+    ``ends``, ``rows`` (each split's row estimate, ``-1`` where the source gives none) and
+    ``offsets`` (where each split begins in the plan laid end to end, then the total). Policies
+    plan from the columns, so a plan of a million splits is walked once per process, not once per
+    consumer, and holds 40 bytes a split; a ``Split`` is made when one is asked for. A slice is a
+    plan over the same columns. A split that ends before it starts counts as empty."""
 
     def __init__(self, splits: Iterable[Split] = ()) -> None:
         kept = tuple(splits)
         count = len(kept)
         # itemgetter over the tuples is the quickest way from a million Splits to arrays.
-        self._columns(*(np.fromiter(map(itemgetter(i), kept), dtype=np.int64, count=count) for i in range(3)))
-        self._splits: tuple[Split, ...] | None = kept
+        ids, starts, ends = (np.fromiter(map(itemgetter(i), kept), dtype=np.int64, count=count) for i in range(3))
+        estimates = map(itemgetter(3), kept)
+        rows = np.fromiter((_NO_ESTIMATE if row is None else row for row in estimates), dtype=np.int64, count=count)
+        self._columns(ids, starts, ends, rows)
 
     @classmethod
-    def of(cls, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Plan:
-        """The plan of the splits ``ids``, ``starts`` and ``ends`` (equal-length int arrays)."""
+    def of(cls, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray | None = None) -> Plan:
+        """The plan of the splits ``ids``, ``starts``, ``ends`` and row estimates ``rows``
+        (equal-length int arrays; ``-1`` or no array: no estimate)."""
         plan = cls.__new__(cls)
-        plan._columns(*(np.asarray(column, dtype=np.int64) for column in (ids, starts, ends)))
-        plan._splits = None
+        if rows is None:
+            rows = np.full(np.shape(ids), _NO_ESTIMATE, dtype=np.int64)
+        plan._columns(*(np.asarray(column, dtype=np.int64) for column in (ids, starts, ends, rows)))
         return plan
 
-    def _columns(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.ids, self.starts, self.ends = ids, starts, ends
-        rows = np.maximum(ends - starts, 0)
-        self.offsets: np.ndarray = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(rows)))
+    def _columns(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
+        self.ids, self.starts, self.ends, self.rows = ids, starts, ends, rows
+        stored = np.maximum(ends - starts, 0)
+        self.offsets: np.ndarray = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(stored)))
         self._bounds: dict[int, np.ndarray] = {}
         self._splits_of: dict[int, np.ndarray] = {}
 
@@ -244,17 +249,13 @@ class Plan(Sequence[Split]):
 
     def __getitem__(self, index: int | slice) -> Split | Plan:
         if isinstance(index, slice):
-            sliced = Plan.of(self.ids[index], self.starts[index], self.ends[index])
-            sliced._splits = None if self._splits is None else self._splits[index]
-            return sliced
-        if self._splits is not None:
-            return self._splits[index]
-        return Split(int(self.ids[index]), int(self.starts[index]), int(self.ends[index]))
+            return Plan.of(self.ids[index], self.starts[index], self.ends[index], self.rows[index])
+        rows = int(self.rows[index])
+        return Split(int(self.ids[index]), int(self.starts[index]), int(self.ends[index]), None if rows < 0 else rows)
 
     def __iter__(self) -> Iterator[Split]:
-        if self._splits is not None:
-            return iter(self._splits)
-        return map(Split, self.ids.tolist(), self.starts.tolist(), self.ends.tolist())
+        estimates = (None if rows < 0 else rows for rows in self.rows.tolist())
+        return map(Split, self.ids.tolist(), self.starts.tolist(), self.ends.tolist(), estimates)
 
     def __repr__(self) -> str:
         return f"Plan({len(self)} splits, {self.total} stored rows)"
@@ -310,6 +311,9 @@ class Plan(Sequence[Split]):
         split, start, end = self.block_columns(block_rows, numbers)
         return list(map(WorkItem, split.tolist(), start.tolist(), end.tolist()))
 
+
+#: A ``Plan``'s row estimate of a split whose source gives none.
+_NO_ESTIMATE = -1
 
 #: Below one block asked per this many blocks of a plan, ``Plan.block_columns`` searches the
 #: bounds for each block's split instead of building the lookup table of every block's split.

@@ -192,6 +192,32 @@ def test_planning_at_once_refuses_a_topology_with_no_consumer() -> None:
         plan_all(balanced, plan, 1, 0)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**40), st.integers(0, 2**40), st.integers(-5, 2**40), st.none() | st.integers(0, 2**40)
+        ),
+        max_size=12,
+    ),
+    st.integers(-14, 14) | st.none(),
+    st.integers(-14, 14) | st.none(),
+    st.integers(-3, 3).filter(bool) | st.none(),
+)
+def test_a_plan_is_the_splits_it_was_made_from(
+    splits: list[tuple[int, int, int, int | None]], low: int | None, high: int | None, step: int | None
+) -> None:
+    # A plan keeps columns only; each Split, its row estimate (or None) included, is made again.
+    made = [Split(*split) for split in splits]
+    plan = Plan(made)
+    assert list(plan) == made
+    assert [plan[index] for index in range(-len(made), len(made))] == made + made
+    assert list(plan[low:high:step]) == made[low:high:step]
+    assert plan.total == sum(max(split.end - split.start, 0) for split in made)
+    rebuilt = Plan.of(plan.ids, plan.starts, plan.ends)
+    assert list(rebuilt) == [split._replace(rows=None) for split in made]
+
+
 def test_an_empty_plan_gives_every_consumer_nothing() -> None:
     for policy in (stripe, balanced, Shuffled(seed=2, block_rows=3)):
         assert plan_all(policy, [], 3, 2).items() == []

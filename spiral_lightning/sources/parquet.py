@@ -40,7 +40,7 @@ from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
 from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import FileVersion, TableSpec
 from spiral_lightning.storage import Location, StorageOptions, locate, scrub
-from spiral_lightning.work import Plan, Split, WorkItem
+from spiral_lightning.work import Plan, WorkItem
 
 _PREFIX = "parquet:"
 T = TypeVar("T")
@@ -352,10 +352,10 @@ class ParquetSource:
         self._groups = [
             (file, group) for file, planned in enumerate(self._planned) for group in range(len(planned.row_groups))
         ]
-        self._splits = Plan(
-            Split(index, 0, self._planned[file].row_groups[group], None)
-            for index, (file, group) in enumerate(self._groups)
+        group_rows = np.fromiter(
+            (rows for planned in self._planned for rows in planned.row_groups), dtype=np.int64, count=len(self._groups)
         )
+        self._splits = Plan.of(np.arange(group_rows.size), np.zeros_like(group_rows), group_rows)
         if self._filter is not None:
             try:
                 schema.empty_table().filter(self._filter)

@@ -42,7 +42,7 @@ from spiral_lightning import filters
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
 from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.spec import TableSpec
-from spiral_lightning.work import Plan, Split, WorkItem
+from spiral_lightning.work import Plan, WorkItem
 
 _PREFIX = "sds:"
 #: The document at an SDS root that names its published snapshot.
@@ -311,10 +311,8 @@ class SdsSource:
         except ValueError as error:
             raise ValueError(f"cannot plan {spec.uri!r}: {error}") from error
         self._first_ordinals = [instruction.first_ordinal for instruction in instructions]
-        self._splits = Plan(
-            Split(index, 0, instruction.examples_in_shard, instruction.examples_in_shard)
-            for index, instruction in enumerate(instructions)
-        )
+        examples = np.fromiter((instruction.examples_in_shard for instruction in instructions), dtype=np.int64)
+        self._splits = Plan.of(np.arange(examples.size), np.zeros_like(examples), examples, examples)
         declared = first.fields.values() if first is not None else ()
         row_bytes = sum(int(np.prod(field.shape)) * np.dtype(field.dtype).itemsize for field in declared)
         self._read_rows = max(1, min(_READ_ROWS, _READ_BYTES // max(1, row_bytes)))
