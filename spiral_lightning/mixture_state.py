@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from spiral_lightning.state import check_saved
 from spiral_lightning.work import Shard
 
 #: The version of the dictionary ``Mixture.state_dict`` writes.
@@ -82,15 +83,9 @@ class MixtureState:
     def from_dict(cls, data: Mapping[str, Any]) -> MixtureState:
         """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
         field when ``data`` is not one."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"a Mixture state is a mapping, not {type(data).__name__}")
-        if data.get("format") != MIXTURE_FORMAT:
-            raise ValueError(
-                f"unknown Mixture state format {data.get('format')!r}; this version reads format {MIXTURE_FORMAT}"
-            )
-        missing = sorted({"seed", "stop", "weights", "batch_size", "shard", "epoch", "tables"} - data.keys())
-        if missing:
-            raise KeyError(f"the Mixture state lacks the fields {missing}")
+        check_saved(
+            data, "Mixture", MIXTURE_FORMAT, ("seed", "stop", "weights", "batch_size", "shard", "epoch", "tables")
+        )
         for name in ("seed", "batch_size", "epoch"):
             if not _is_count(data[name]):
                 raise ValueError(f"the Mixture state's {name} must be a non-negative int, not {data[name]!r}")

@@ -30,7 +30,7 @@ from spiral_lightning.frames import Last, Run, cursor_after, runs, start_of
 from spiral_lightning.lists import every_shard
 from spiral_lightning.sources import Reader, Source
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.state import Cursor, State, check_cursor
+from spiral_lightning.state import Cursor, State, check_cursor, check_saved
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.work import Policy, Shard, WorkItem, policy_name, stripe
 
@@ -467,20 +467,12 @@ class PackedDataset(TableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
         policy, quota and packing; ``ValueError`` naming what differs otherwise."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a PackedDataset state is a mapping, not {type(state).__name__}")
-        if "packing" not in state:
+        if isinstance(state, Mapping) and "packing" not in state:
             raise ValueError(
                 "the state is not a PackedDataset state: it names no packing (a TableDataset state restores into a "
                 "TableDataset)"
             )
-        if state.get("format") != PACKED_FORMAT:
-            raise ValueError(
-                f"unknown PackedDataset state format {state.get('format')!r}; this version reads format {PACKED_FORMAT}"
-            )
-        missing = sorted({"table", "packing", "offset"} - state.keys())
-        if missing:
-            raise KeyError(f"the PackedDataset state lacks the fields {missing}")
+        check_saved(state, "PackedDataset", PACKED_FORMAT, ("table", "packing", "offset"))
         saved_packing, now = state["packing"], self.packing.settings()
         if saved_packing != now:
             names = ("column", "length", "separator")

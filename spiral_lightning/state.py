@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,15 +85,9 @@ class State:
     def from_dict(cls, data: Mapping[str, Any]) -> State:
         """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
         field when ``data`` is not one."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"a TableDataset state is a mapping, not {type(data).__name__}")
-        if data.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"unknown TableDataset state format {data.get('format')!r}; this version reads format {STATE_FORMAT}"
-            )
-        missing = sorted({"version", "shard", "batch_size", "epoch", "policy", "work", "cursor"} - data.keys())
-        if missing:
-            raise KeyError(f"the TableDataset state lacks the fields {missing}")
+        check_saved(
+            data, "TableDataset", STATE_FORMAT, ("version", "shard", "batch_size", "epoch", "policy", "work", "cursor")
+        )
         shard = _ints(data["shard"], "shard", 4)
         cursor = None if data["cursor"] is None else _ints(data["cursor"], "cursor", 3, 5)
         if cursor is not None and min(cursor) < 0:
@@ -191,6 +185,19 @@ def check_same_topology(kind: str, saved: Shard, current: Shard) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_saved(data: Any, kind: str, format: int, fields: Iterable[str]) -> None:
+    """Check that ``data`` is a state a ``kind`` dataset saved in ``format`` with ``fields``:
+    ``TypeError`` when it is no mapping, ``ValueError`` for another format, ``KeyError`` naming
+    the fields it lacks."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"a {kind} state is a mapping, not {type(data).__name__}")
+    if data.get("format") != format:
+        raise ValueError(f"unknown {kind} state format {data.get('format')!r}; this version reads format {format}")
+    missing = sorted(set(fields) - data.keys())
+    if missing:
+        raise KeyError(f"the {kind} state lacks the fields {missing}")
 
 
 def _ints(value: Any, name: str, *lengths: int) -> tuple[int, ...]:

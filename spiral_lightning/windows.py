@@ -33,7 +33,7 @@ from spiral_lightning.elastic import Lineage, Remainder, check_lineage, replan, 
 from spiral_lightning.frames import LAST_MODES, Last, runs, start_of
 from spiral_lightning.sources import Reader
 from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.state import Cursor, State, check_same_topology
+from spiral_lightning.state import Cursor, State, check_same_topology, check_saved
 from spiral_lightning.tensors import Nulls, to_torch
 from spiral_lightning.transfer import handed_on
 from spiral_lightning.work import Policy, Shard, WorkItem, fingerprint, policy_name, stripe
@@ -381,16 +381,7 @@ class WindowDataset(IterableDataset[Any]):
     def _parsed(self, state: Mapping[str, Any]) -> tuple[State, int]:
         """The table state and lead of a ``state_dict``; ``ValueError``, ``TypeError`` or
         ``KeyError`` naming the field when it is not one of these windows."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a WindowDataset state is a mapping, not {type(state).__name__}")
-        if state.get("format") != WINDOWS_FORMAT:
-            raise ValueError(
-                f"unknown WindowDataset state format {state.get('format')!r}; this version reads format "
-                f"{WINDOWS_FORMAT}"
-            )
-        missing = sorted({"table", "windows", "lead"} - state.keys())
-        if missing:
-            raise KeyError(f"the WindowDataset state lacks the fields {missing}")
+        check_saved(state, "WindowDataset", WINDOWS_FORMAT, ("table", "windows", "lead"))
         saved_windows = state["windows"]
         if saved_windows != self.windows.settings():
             raise ValueError(

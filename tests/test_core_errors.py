@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -11,19 +12,22 @@ import spiral
 from torch.utils.data import DataLoader
 
 from spiral_lightning import (
+    Mixture,
+    PackedDataset,
     Shard,
     Shuffled,
     Split,
     TableDataset,
     TableMapDataset,
     TableSpec,
+    WindowDataset,
+    Windows,
     WorkItem,
     balanced,
     stripe,
     write_table,
 )
 from spiral_lightning.media import Image
-from spiral_lightning.state import State
 from tests.tables import BACKENDS
 
 SIZES = [300, 500, 200]
@@ -176,17 +180,41 @@ def test_cursor_never_applies_to_another_work_list(make_table: Callable[..., Tab
         next(iter(restored))
 
 
+def restorer(kind: str, spec: TableSpec, tmp_path: Path) -> Callable[[Any], None]:
+    """``load_state_dict`` of a small dataset of ``kind`` over ``spec`` (a packed one over a table of
+    documents written under ``tmp_path``)."""
+    if kind == "Mixture":
+        return Mixture([(spec, 1.0)], batch_size=4).load_state_dict
+    if kind == "WindowDataset":
+        return WindowDataset(spec, windows=Windows(3), batch_size=4).load_state_dict
+    if kind == "PackedDataset":
+        documents = pa.table({"tokens": pa.array([[1, 2, 3], [4, 5, 6, 7, 8]], pa.list_(pa.int32()))})
+        packed = write_table(f"parquet:{tmp_path}/documents", documents)
+        return PackedDataset(packed.uri, column="tokens", length=4, batch_size=2).load_state_dict
+    return TableDataset(spec, batch_size=4).load_state_dict
+
+
+@pytest.mark.parametrize("kind", ["TableDataset", "Mixture", "WindowDataset", "PackedDataset"])
 @pytest.mark.parametrize(
     ("state", "error", "message"),
     [
-        ([1, 2], TypeError, "a TableDataset state is a mapping"),
-        ({"format": 9}, ValueError, "unknown TableDataset state format 9"),
-        ({"format": 1}, KeyError, "lacks the fields"),
+        ([1, 2], TypeError, "a {kind} state is a mapping, not list"),
+        # "packing" keeps a PackedDataset from first refusing the state as another kind's.
+        ({"format": 9, "packing": None}, ValueError, "unknown {kind} state format 9; this version reads format 1"),
+        ({"format": 1, "packing": None}, KeyError, r"the {kind} state lacks the fields \['"),
     ],
 )
-def test_malformed_states(state: object, error: type[Exception], message: str) -> None:
-    with pytest.raises(error, match=message):
-        State.from_dict(state)  # type: ignore[arg-type]
+def test_malformed_states_are_refused_naming_the_kind(
+    make_table: Callable[..., TableSpec],
+    tmp_path: Path,
+    kind: str,
+    state: object,
+    error: type[Exception],
+    message: str,
+) -> None:
+    load = restorer(kind, make_table([40, 40], columns=["id"]), tmp_path)
+    with pytest.raises(error, match=message.format(kind=kind)):
+        load(state)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
