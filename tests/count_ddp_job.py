@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch.distributed
-
 from spiral_lightning import PackedDataset, TableDataset, TableSpec
 from spiral_lightning.sources import ReadBatch, Source
 from spiral_lightning.work import WorkItem
+from tests.ddp_group import process_group, rank_arguments
 
 WORKERS = 2
 #: Tokens per block of the packed dataset.
@@ -54,16 +52,11 @@ def main() -> None:
     parser.add_argument("--filter")
     parser.add_argument("--packed")
     parser.add_argument("--policy", required=True)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
+    rank_arguments(parser)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(args.port)
-    torch.distributed.init_process_group("gloo", rank=args.rank, world_size=args.world_size)
-    try:
+    with process_group(args):
         spec = TableSpec(args.uri, filter=args.filter)
         placing = {"policy": args.policy, "rank": args.rank, "world_size": args.world_size}
         dataset = (
@@ -78,9 +71,6 @@ def main() -> None:
             dataset.set_epoch(epoch)
             dataset.count_shared(WORKERS)
             epochs.append({"even_rows": dataset.even_rows(WORKERS), "batches": dataset.batches(WORKERS)})
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
     recorded = {"calls": counting.calls, "reads": counting.reads, "epochs": epochs}
     (args.out / f"rank{args.rank}.json").write_text(json.dumps(recorded))
 

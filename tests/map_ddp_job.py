@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-import torch.distributed
 from torch.utils.data import DataLoader, DistributedSampler
 
 from spiral_lightning import TableMapDataset, TableSpec
+from tests.ddp_group import process_group, rank_arguments
 
 BATCH_SIZE = 8
 
@@ -24,16 +23,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
     parser.add_argument("--filter", default=None)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
+    rank_arguments(parser)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(args.port)
-    torch.distributed.init_process_group("gloo", rank=args.rank, world_size=args.world_size)
-    try:
+    with process_group(args):
         dataset = TableMapDataset(TableSpec(args.uri, filter=args.filter))
         sampler: DistributedSampler[int] = DistributedSampler(dataset, shuffle=True, seed=7)
         loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
@@ -41,10 +35,6 @@ def main() -> None:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             epochs.append([batch["id"].tolist() for batch in loader])
-        # Both ranks finish reading before either leaves the group.
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
     (args.out / f"rank{args.rank}.json").write_text(json.dumps(epochs))
 
 

@@ -6,6 +6,7 @@ by exact id."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -272,7 +273,8 @@ def test_ranks_share_the_token_counts_of_a_job(tmp_path: Path, policy: str) -> N
     port, world_size, workers = free_ports(1)[0], 2, 2
     command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--packed", "tokens"]
     command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
-    jobs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(world_size)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    jobs = [subprocess.Popen([*command, "--rank", str(rank)], cwd=ROOT, env=env) for rank in range(world_size)]
     assert [job.wait(timeout=300) for job in jobs] == [0, 0]
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     options: dict[str, Any] = {"column": "tokens", "length": PACKED_LENGTH, "batch_size": 3, "policy": policy}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -351,7 +352,8 @@ def test_ranks_share_the_filtered_counts_of_a_job(
     port, world_size = free_ports(1)[0], 2
     command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--filter", KEEP_TEXT]
     command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
-    jobs = [subprocess.Popen([*command, "--rank", str(rank)]) for rank in range(world_size)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    jobs = [subprocess.Popen([*command, "--rank", str(rank)], cwd=ROOT, env=env) for rank in range(world_size)]
     assert [job.wait(timeout=300) for job in jobs] == [0, 0]
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     # The units are counted once per job: each rank one call for its share, none in later epochs.
