@@ -16,7 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning.ahead import ReadAhead
 from spiral_lightning.elastic import Lineage, check_lineage, remainder_of, replan
 from spiral_lightning.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
-from spiral_lightning.lists import Units, consumer_rows, stored_rows, unit_key, units
+from spiral_lightning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
 from spiral_lightning.media import Where, left_to_decode, project
 from spiral_lightning.sequences import TooLong
 from spiral_lightning.shuffle import shuffled_chunks, window_key
@@ -427,7 +427,7 @@ class TableDataset(IterableDataset[Any]):
         plan, policy, key = self._lists(workers)
         ranks = range(self.world_size) if rank is None else range(rank, rank + 1)
         if key is None:
-            shards = [Shard(r, self.world_size, worker, workers) for r in ranks for worker in range(workers)]
+            shards = every_shard(self.world_size, workers, ranks)
             return np.array([self._count(policy(plan, shard, self.epoch)) for shard in shards], dtype=np.int64)
         epoch = self.epoch if isinstance(policy, Shuffled) else 0
         asked = (policy_name(policy), epoch, workers)

@@ -144,9 +144,11 @@ def plan_all(policy: Policy, plan: Sequence[Split], world_size: int, workers: in
     return Pieces(columns[:, 1], columns[:, 2], columns[:, 3], columns[:, 0])
 
 
-def every_shard(world_size: int, workers: int) -> list[Shard]:
-    """Every consumer of ``world_size`` ranks of ``workers`` workers, rank after rank."""
-    return [Shard(rank, world_size, worker, workers) for rank in range(world_size) for worker in range(workers)]
+def every_shard(world_size: int, workers: int, ranks: range | None = None) -> list[Shard]:
+    """Every consumer of ``world_size`` ranks of ``workers`` workers, rank after rank, or those of
+    ``ranks`` alone."""
+    chosen = range(world_size) if ranks is None else ranks
+    return [Shard(rank, world_size, worker, workers) for rank in chosen for worker in range(workers)]
 
 
 class Units(NamedTuple):
