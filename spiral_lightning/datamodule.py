@@ -185,9 +185,13 @@ class SpiralDataModule(pl.LightningDataModule):
         for name in _STAGES[stage]:
             if name not in self.tables:
                 continue
+            pinned = self._pinned(self.tables[name])
+            if name == "train" and self.packing is not None:
+                self.datasets[name] = self._packed(pinned, self.packing, rank, world_size)
+                continue
             evaluates = name != "train"
             self.datasets[name] = TableDataset(
-                self._pinned(self.tables[name]),
+                pinned,
                 batch_size=self.batch_size,
                 last=self.last,
                 policy=self.policy,
@@ -200,25 +204,24 @@ class SpiralDataModule(pl.LightningDataModule):
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
-        if stage == "fit" and self.packing is not None:
-            self.datasets["train"] = self._packed(self.datasets["train"], self.packing)
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
             self._check_version(self._restored, self.datasets["train"])
 
-    def _packed(self, rows: TableDataset, packing: Packing) -> PackedDataset:
-        """The train dataset packing ``rows``' pinned table as ``packing`` says."""
+    def _packed(self, spec: TableSpec, packing: Packing, rank: int, world_size: int) -> PackedDataset:
+        """The train dataset of rank ``rank`` of ``world_size``, packing the pinned table ``spec``
+        as ``packing`` says."""
         return PackedDataset(
-            rows.spec,
+            spec,
             column=packing.column,
             length=packing.length,
             separator=packing.separator,
             batch_size=self.batch_size,
             last=self.last,
             policy=self.policy,
-            rank=rows.rank,
-            world_size=rows.world_size,
+            rank=rank,
+            world_size=world_size,
             read_ahead=self.read_ahead,
             transform=self.transform,
         )
