@@ -345,14 +345,17 @@ def report(outcomes: list[Outcome], full: bool, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(outcomes: list[Outcome], path: Path) -> None:
-    """A horizontal bar per target: the measured ratio, and a mark at the target's bound."""
+def chart(outcomes: list[Outcome], path: Path) -> bool:
+    """A horizontal bar per target: the measured ratio, and a mark at the target's bound; no
+    chart (``False``) when no target has a result, as when every benchmark run failed."""
+    measured = [(o.benchmark.script, t, v) for o in outcomes for t, v in o.ratios if v is not None]
+    if not measured:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [(o.benchmark.script, t, v) for o in outcomes for t, v in o.ratios if v is not None]
     figure, axes = plt.subplots(figsize=(10, 0.5 * len(measured) + 1.5))
     labels = [f"{script}: {target.name}" for script, target, _ in measured]
     colors = ["tab:green" if target.met(value) else "tab:red" for _, target, value in measured]
@@ -371,6 +374,7 @@ def chart(outcomes: list[Outcome], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+    return True
 
 
 def main() -> None:
@@ -392,8 +396,11 @@ def main() -> None:
         print(f"  {outcomes[-1].seconds:.0f} s, status {outcomes[-1].returncode}", flush=True)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "RESULTS.md").write_text(report(outcomes, options.full, options.note))
-    chart(outcomes, options.out / "results.png")
-    print(f"wrote {options.out / 'RESULTS.md'} and {options.out / 'results.png'}")
+    charted = chart(outcomes, options.out / "results.png")
+    print(
+        f"wrote {options.out / 'RESULTS.md'}"
+        + (f" and {options.out / 'results.png'}" if charted else ", no chart: no target has a result")
+    )
 
 
 if __name__ == "__main__":
