@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from spiral_lightning.lists import Pieces, dealt, plan_all
+from spiral_lightning.lists import Pieces, dealt, distinct, plan_all
 from spiral_lightning.shuffle import window_key, window_order
 from spiral_lightning.sources import Source
 from spiral_lightning.state import State
@@ -363,7 +363,7 @@ def _holed(pieces: Pieces, positions: np.ndarray) -> Pieces:
     """``pieces`` (one consumer's, laid end to end) without the rows at ``positions`` (sorted,
     inside them): cut at every piece and around every position, and the positions' cuts dropped."""
     offsets = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(pieces.end - pieces.start)))
-    cuts = np.union1d(offsets, np.concatenate((positions, positions + 1)))
+    cuts = distinct(offsets, positions, positions + 1)
     low, high = cuts[:-1], cuts[1:]
     kept = ~np.isin(low, positions)
     piece = np.searchsorted(offsets, low[kept], side="right") - 1

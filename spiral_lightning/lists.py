@@ -92,11 +92,22 @@ def _balanced_bounds(total: int, world_size: int, workers: int) -> np.ndarray:
     return np.array([*begins, total], dtype=np.int64)
 
 
+def distinct(*arrays: np.ndarray) -> np.ndarray:
+    """The distinct values of ``arrays``, in ascending order. A stable sort runs through arrays
+    already sorted, as a plan's offsets and bounds are, in one merge; numpy 2.4's ``np.unique``
+    and ``np.union1d`` hash every value instead, 30-100 times slower on a million offsets."""
+    values = np.sort(np.concatenate(arrays), kind="stable")
+    if values.size == 0:
+        return values
+    kept: np.ndarray = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return kept
+
+
 def _balanced_pieces(plan: Plan, world_size: int, workers: int) -> Pieces:
     """``balanced``'s items of every consumer: the plan cut at every split's and every
     consumer's first row, in stored order, which is consumer after consumer."""
     bounds = _balanced_bounds(plan.total, world_size, workers)
-    cuts = np.union1d(plan.offsets, bounds)
+    cuts = distinct(plan.offsets, bounds)
     low, high = cuts[:-1], cuts[1:]
     split = np.searchsorted(plan.offsets, low, side="right") - 1
     start = plan.starts[split] + low - plan.offsets[split]
@@ -111,9 +122,9 @@ def _balanced_firsts(plan: Plan, world_size: int, workers: int) -> np.ndarray:
     the distinct split offsets below it plus the consumer bounds below it that no split shares."""
     bounds = _balanced_bounds(plan.total, world_size, workers)
     offsets = plan.offsets[np.concatenate(([True], np.diff(plan.offsets) > 0))]
-    distinct = np.unique(bounds)
-    found = np.minimum(np.searchsorted(offsets, distinct), offsets.size - 1)
-    alone = distinct[offsets[found] != distinct]
+    starts = distinct(bounds)
+    found = np.minimum(np.searchsorted(offsets, starts), offsets.size - 1)
+    alone = starts[offsets[found] != starts]
     firsts: np.ndarray = np.searchsorted(offsets, bounds) + np.searchsorted(alone, bounds)
     return firsts
 

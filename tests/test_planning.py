@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from spiral_lightning import Shard, Shuffled, Split, TableDataset, TableSpec, WorkItem, balanced, stripe
 from spiral_lightning.frames import Last
-from spiral_lightning.lists import consumer_rows, plan_all, stored_rows, unit_key, units
+from spiral_lightning.lists import consumer_rows, distinct, plan_all, stored_rows, unit_key, units
 from spiral_lightning.work import Plan, Policy, shuffled_blocks
 from tests.count_ddp_job import CountingSource
 from tests.objectstore import free_ports
@@ -217,6 +217,15 @@ def test_a_plan_is_the_splits_it_was_made_from(
     assert plan.total == sum(max(split.end - split.start, 0) for split in made)
     rebuilt = Plan.of(plan.ids, plan.starts, plan.ends)
     assert list(rebuilt) == [split._replace(rows=None) for split in made]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-(2**62), 2**62), max_size=30), min_size=1, max_size=4), st.booleans())
+def test_distinct_is_numpys_unique(arrays: list[list[int]], presorted: bool) -> None:
+    columns = [np.array(sorted(values) if presorted else values, dtype=np.int64) for values in arrays]
+    found = distinct(*columns)
+    assert found.dtype == np.int64
+    assert found.tolist() == np.unique(np.concatenate(columns)).tolist()
 
 
 def test_an_empty_plan_gives_every_consumer_nothing() -> None:
