@@ -303,8 +303,15 @@ class Plan(Sequence[Split]):
         else:
             # Many blocks: a lookup table of each block's split beats a search per block.
             index = self.block_splits(block_rows)[numbers]
-        start = self.starts[index] + (numbers - bounds[index]) * block_rows
-        return self.ids[index], start, np.minimum(start + block_rows, self.ends[index])
+        # Block b of split i starts at starts[i] + (b - bounds[i]) * block_rows: one gather of a
+        # per-split base instead of two, and the sums made in place, since at millions of blocks
+        # every gather and fresh array costs more than the arithmetic.
+        start = numbers.astype(np.int64)
+        start *= block_rows
+        start += (self.starts - bounds[:-1] * block_rows)[index]
+        end = start + block_rows
+        np.minimum(end, self.ends[index], out=end)
+        return self.ids[index], start, end
 
     def block_items(self, block_rows: int, numbers: np.ndarray) -> list[WorkItem]:
         """The blocks of ``numbers`` as work items, in that order."""
