@@ -237,6 +237,7 @@ class Plan(Sequence[Split]):
         self.offsets: np.ndarray = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(stored)))
         self._bounds: dict[int, np.ndarray] = {}
         self._splits_of: dict[int, np.ndarray] = {}
+        self._bases: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -290,6 +291,14 @@ class Plan(Sequence[Split]):
             self._splits_of[block_rows] = np.repeat(index, np.diff(bounds))
         return self._splits_of[block_rows]
 
+    def _block_bases(self, block_rows: int) -> np.ndarray:
+        """Each split's first stored row less its first block's number times ``block_rows``:
+        block ``b`` of split ``i`` starts at ``bases[i] + b * block_rows`` (kept, like the
+        bounds, since one consumer's list asks for a few blocks at a time)."""
+        if block_rows not in self._bases:
+            self._bases[block_rows] = self.starts - self.block_bounds(block_rows)[:-1] * block_rows
+        return self._bases[block_rows]
+
     def blocks(self, block_rows: int) -> int:
         """How many blocks of ``block_rows`` stored rows the plan holds."""
         return int(self.block_bounds(block_rows)[-1])
@@ -303,12 +312,11 @@ class Plan(Sequence[Split]):
         else:
             # Many blocks: a lookup table of each block's split beats a search per block.
             index = self.block_splits(block_rows)[numbers]
-        # Block b of split i starts at starts[i] + (b - bounds[i]) * block_rows: one gather of a
-        # per-split base instead of two, and the sums made in place, since at millions of blocks
-        # every gather and fresh array costs more than the arithmetic.
+        # One gather of a kept per-split base instead of two, and the sums made in place: at
+        # millions of blocks every gather and fresh array costs more than the arithmetic.
         start = numbers.astype(np.int64)
         start *= block_rows
-        start += (self.starts - bounds[:-1] * block_rows)[index]
+        start += self._block_bases(block_rows)[index]
         end = start + block_rows
         np.minimum(end, self.ends[index], out=end)
         return self.ids[index], start, end
