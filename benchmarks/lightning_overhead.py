@@ -32,8 +32,8 @@ import lightning.pytorch as pl
 import torch
 
 from spiral_lightning import SpiralDataModule
-from spiral_lightning.dataset import DEFAULT_READ_AHEAD
-from spiral_lightning.demo import demo_table
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD
+from spiral_lightning.demos.tabular import demo_table
 
 
 class Touch(pl.LightningModule):

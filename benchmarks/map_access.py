@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from throughput import table_data
 
 from spiral_lightning import TableMapDataset, TableSpec, write_table
-from spiral_lightning.write import DEFAULT_SPLIT_ROWS
+from spiral_lightning.sources.write import DEFAULT_SPLIT_ROWS
 
 #: A path: fetches the rows of the given indices and returns their ids in request order.
 Fetch = Callable[[np.ndarray], list[int]]

@@ -55,8 +55,8 @@ from PIL import ImageDraw
 from torch.utils.data import DataLoader, Dataset
 
 from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.ingest import ingest_images, ingest_videos
-from spiral_lightning.media import FrameSlice, Image, Video
+from spiral_lightning.core.media import FrameSlice, Image, Video
+from spiral_lightning.media.ingest import ingest_images, ingest_videos
 
 WORKERS = 2
 CONTEXT = "forkserver"
@@ -66,7 +66,7 @@ CLIP_FRAMES = range(0, 16, 2)
 #: The tables each folder is ingested as, by uri scheme.
 SCHEMES = {"spiral": "Spiral", "parquet": "Parquet"}
 #: Modules the forkserver imports once, so that workers start without importing them.
-PRELOAD = ["torch", "numpy", "av", "PIL.Image", "spiral_lightning", "spiral_lightning.ingest"]
+PRELOAD = ["torch", "numpy", "av", "PIL.Image", "spiral_lightning", "spiral_lightning.media.ingest"]
 
 
 def make_images(folder: Path, count: int, classes: int) -> None:

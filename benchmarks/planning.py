@@ -42,10 +42,11 @@ import numpy as np
 import torch
 
 from spiral_lightning import Shard, Shuffled, Split, balanced, stripe
-from spiral_lightning.elastic import replan
-from spiral_lightning.lists import consumer_rows, plan_all, stored_rows
-from spiral_lightning.state import Cursor, State
-from spiral_lightning.work import Plan, Policy, WorkItem, fingerprint, policy_name
+from spiral_lightning.core.plan import Plan, Policy, WorkItem, fingerprint
+from spiral_lightning.core.state import Cursor, State
+from spiral_lightning.planning.elastic import replan
+from spiral_lightning.planning.lists import consumer_rows, plan_all, stored_rows
+from spiral_lightning.planning.policies import policy_name
 
 POLICIES: dict[str, Policy] = {"stripe": stripe, "balanced": balanced, "Shuffled()": Shuffled(seed=1)}
 WORKERS = 16

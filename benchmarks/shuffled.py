@@ -16,7 +16,7 @@ from pathlib import Path
 from throughput import BATCH_SIZE, benchmark_table, timed
 
 from spiral_lightning import Shuffled, TableDataset, stripe
-from spiral_lightning.work import Policy
+from spiral_lightning.core.plan import Policy
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 from ray.train.torch import TorchTrainer
 
-from spiral_lightning.cli import ignore_set_vital_warning
-from spiral_lightning.datamodule import SpiralDataModule
+from spiral_lightning.lightning.cli import ignore_set_vital_warning
+from spiral_lightning.lightning.datamodule import SpiralDataModule
 
 #: The file a checkpoint of this command holds: the Lightning checkpoint, written by rank 0.
 CHECKPOINT = RayTrainReportCallback.CHECKPOINT_NAME

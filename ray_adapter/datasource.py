@@ -16,9 +16,10 @@ import ray.data
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
+from spiral_lightning.core.plan import Policy, Shard, Split, WorkItem, as_plan
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.planning.policies import as_policy, stripe
 from spiral_lightning.sources import open_source
-from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.work import Policy, Shard, Split, WorkItem, as_plan, as_policy, stripe
 
 #: Bytes per row guessed for each column whose width the schema does not fix (strings, binary,
 #: ragged lists): only the planner's size estimate uses it, never a read.

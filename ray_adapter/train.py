@@ -21,12 +21,12 @@ import torch
 import torch.distributed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning.dataset import DEFAULT_READ_AHEAD, TableDataset, even_note
-from spiral_lightning.frames import Last
-from spiral_lightning.loader import consumer_states
-from spiral_lightning.spec import TableSpec, as_spec
-from spiral_lightning.tensors import to_torch
-from spiral_lightning.work import Policy
+from spiral_lightning.core.plan import Policy
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset, even_note
+from spiral_lightning.lightning.loader import consumer_states
+from spiral_lightning.reading.frames import Last
+from spiral_lightning.reading.tensors import to_torch
 
 _log = logging.getLogger(__name__)
 

@@ -1,24 +1,72 @@
-"""spiral-lightning: exact, resumable training data from tables into PyTorch, Lightning and Ray."""
+"""spiral-lightning: exact, resumable training data from tables into PyTorch, Lightning and Ray.
 
+The names below are what users build; each loads its module on first use, so importing the
+package (as every DataLoader worker does) loads neither Lightning, PyAV, Pillow nor sqlglot.
+The layout, bottom up: ``core`` (values), ``sources`` (backends), ``planning`` (work lists),
+``reading`` (a consumer's pass), ``media`` (decoding), ``datasets``, ``lightning``, ``demos``.
+"""
+
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from spiral_lightning.dataset import TableDataset
-from spiral_lightning.loader import SpiralLoader
-from spiral_lightning.mapstyle import TableMapDataset
-from spiral_lightning.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
-from spiral_lightning.mixture import Mixture
-from spiral_lightning.packing import PackedDataset, Packing
-from spiral_lightning.sequences import Padded, TooLong
-from spiral_lightning.spec import TableSpec
-from spiral_lightning.state import Cursor, State
-from spiral_lightning.tensors import NullError, Nulls, to_torch
-from spiral_lightning.transfer import send_by_name
-from spiral_lightning.windows import WindowDataset, Windows
-from spiral_lightning.work import Policy, Shard, Shuffled, Split, WorkItem, balanced, stripe
-from spiral_lightning.write import write_table
+from spiral_lightning import _moved
 
 if TYPE_CHECKING:
-    from spiral_lightning.datamodule import SpiralDataModule
+    from spiral_lightning.core.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
+    from spiral_lightning.core.plan import Policy, Shard, Split, WorkItem
+    from spiral_lightning.core.sequences import Padded, TooLong
+    from spiral_lightning.core.spec import TableSpec
+    from spiral_lightning.core.state import Cursor, State
+    from spiral_lightning.datasets.mapstyle import TableMapDataset
+    from spiral_lightning.datasets.mixture import Mixture
+    from spiral_lightning.datasets.packing import PackedDataset
+    from spiral_lightning.datasets.table import TableDataset
+    from spiral_lightning.datasets.windows import WindowDataset, Windows
+    from spiral_lightning.lightning.datamodule import SpiralDataModule
+    from spiral_lightning.lightning.loader import SpiralLoader
+    from spiral_lightning.planning.policies import Shuffled, balanced, stripe
+    from spiral_lightning.reading.packing import Packing
+    from spiral_lightning.reading.tensors import NullError, Nulls, to_torch
+    from spiral_lightning.reading.transfer import send_by_name
+    from spiral_lightning.sources.write import write_table
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    "Cursor": "core.state",
+    "FrameIndices": "core.media",
+    "FrameNeighborhood": "core.media",
+    "FrameSlice": "core.media",
+    "FrameTimes": "core.media",
+    "Image": "core.media",
+    "Mixture": "datasets.mixture",
+    "NullError": "reading.tensors",
+    "Nulls": "reading.tensors",
+    "PackedDataset": "datasets.packing",
+    "Packing": "reading.packing",
+    "Padded": "core.sequences",
+    "Policy": "core.plan",
+    "Shard": "core.plan",
+    "Shuffled": "planning.policies",
+    "SpiralDataModule": "lightning.datamodule",
+    "SpiralLoader": "lightning.loader",
+    "Split": "core.plan",
+    "State": "core.state",
+    "TableDataset": "datasets.table",
+    "TableMapDataset": "datasets.mapstyle",
+    "TableSpec": "core.spec",
+    "TooLong": "core.sequences",
+    "Video": "core.media",
+    "WindowDataset": "datasets.windows",
+    "Windows": "datasets.windows",
+    "WorkItem": "core.plan",
+    "balanced": "planning.policies",
+    "send_by_name": "reading.transfer",
+    "stripe": "planning.policies",
+    "to_torch": "reading.tensors",
+    "write_table": "sources.write",
+}
 
 __all__ = [
     "Cursor",
@@ -55,12 +103,17 @@ __all__ = [
     "write_table",
 ]
 
+_moved.install()
+
 
 def __getattr__(name: str) -> Any:
-    # Lightning takes seconds to import; DataLoader workers import this package to unpickle a
-    # dataset and never need it, so the DataModule loads on first use.
-    if name == "SpiralDataModule":
-        from spiral_lightning.datamodule import SpiralDataModule
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'spiral_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"spiral_lightning.{home}"), name)
+    globals()[name] = value
+    return value
 
-        return SpiralDataModule
-    raise AttributeError(f"module 'spiral_lightning' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

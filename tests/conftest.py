@@ -16,7 +16,7 @@ from tests.tables import write_layout
 
 # Forkserver children are forked from a server that imported these once, so each DataLoader
 # worker starts quickly instead of importing torch again; the server never opens a table.
-multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral", "spiral_lightning"])
+multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral", "spiral_lightning.datasets.table"])
 
 
 @pytest.fixture

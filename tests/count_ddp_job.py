@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from spiral_lightning import PackedDataset, TableDataset, TableSpec
+from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.sources import ReadBatch, Source
-from spiral_lightning.work import WorkItem
 from tests.ddp_group import process_group, rank_arguments
 
 WORKERS = 2

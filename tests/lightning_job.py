@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import SpiralDataModule, Split, TableSpec, WorkItem, balanced
-from spiral_lightning.work import Shard
+from spiral_lightning.core.plan import Shard
 from tests.tables import KEEP
 
 

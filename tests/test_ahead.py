@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spiral_lightning import Mixture, Shuffled, TableDataset, TableSpec, WindowDataset, Windows, balanced
-from spiral_lightning.ahead import ReadAhead
+from spiral_lightning.reading.ahead import ReadAhead
 from tests.tables import BACKENDS, KEEP_TEXT, layout_table
 
 SIZES = [9000, 300, 20000, 0, 12000, 4000]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spiral_lightning.cli import main
-from spiral_lightning.demo import demo_table
+from spiral_lightning.demos.tabular import demo_table
+from spiral_lightning.lightning.cli import main
 
 
 def config(tmp_path: Path, root: Path, data_options: str = "") -> Path:
@@ -34,9 +34,9 @@ trainer:
         every_n_train_steps: 2
         save_last: true
 model:
-  class_path: spiral_lightning.demo.DemoModel
+  class_path: spiral_lightning.demos.tabular.DemoModel
 data:
-  class_path: spiral_lightning.demo.DemoDataModule
+  class_path: spiral_lightning.demos.tabular.DemoDataModule
   init_args:
     root: {root}
     rows: 2000
@@ -77,7 +77,7 @@ def test_missing_table_is_named(tmp_path: Path) -> None:
         f"""
 trainer: {{accelerator: cpu, devices: 1, max_steps: 1, logger: false, enable_progress_bar: false,
           default_root_dir: {tmp_path}}}
-model: {{class_path: spiral_lightning.demo.DemoModel}}
+model: {{class_path: spiral_lightning.demos.tabular.DemoModel}}
 data:
   class_path: spiral_lightning.SpiralDataModule
   init_args: {{train: "spiral:{tmp_path / "nowhere"}"}}
@@ -104,7 +104,7 @@ def test_help_lists_ingest_beside_the_trainer_commands(
 @pytest.mark.slow
 def test_a_fit_prints_no_warnings_of_other_libraries(tmp_path: Path) -> None:
     experiment = config(tmp_path, tmp_path / "demo")
-    command = [sys.executable, "-m", "spiral_lightning.cli", "fit", "--config", str(experiment)]
+    command = [sys.executable, "-m", "spiral_lightning.lightning.cli", "fit", "--config", str(experiment)]
     done = subprocess.run([*command, "--trainer.max_steps", "2"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "args parameter" not in done.stderr

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from spiral_lightning import PackedDataset
-from spiral_lightning.cli import main
-from spiral_lightning.demo_lm import corpus_tables
+from spiral_lightning.demos.lm import corpus_tables
+from spiral_lightning.lightning.cli import main
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

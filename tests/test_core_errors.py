@@ -27,7 +27,7 @@ from spiral_lightning import (
     stripe,
     write_table,
 )
-from spiral_lightning.media import Image
+from spiral_lightning.core.media import Image
 from tests.tables import BACKENDS
 
 SIZES = [300, 500, 200]

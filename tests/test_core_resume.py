@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, Split, TableDataset, TableSpec, stripe, to_torch
-from spiral_lightning.frames import read_frames, start_of
+from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.sources import open_source
 from tests.lightning_job import reversed_on_odd_epochs
 from tests.loaders import stopped_and_resumed

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spiral_lightning import to_torch
-from spiral_lightning.tensors import BatchSlices, NullError, Nulls
+from spiral_lightning.reading.tensors import BatchSlices, NullError, Nulls
 
 
 def test_numbers_and_fixed_size_lists_share_arrow_memory() -> None:

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, Shuffled, TableDataset, TableSpec, balanced, stripe
-from spiral_lightning.elastic import Lineage
-from spiral_lightning.frames import read_frames, start_of
-from spiral_lightning.loader import consumer_states
-from spiral_lightning.state import Cursor, State
-from spiral_lightning.work import fingerprint, policy_name
+from spiral_lightning.core.plan import fingerprint
+from spiral_lightning.core.state import Cursor, State
+from spiral_lightning.lightning.loader import consumer_states
+from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.policies import policy_name
+from spiral_lightning.reading.frames import read_frames, start_of
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 examples = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -33,15 +33,16 @@ from spiral_lightning import (
     balanced,
     stripe,
 )
-from spiral_lightning.elastic import Lineage
-from spiral_lightning.elastic_map import MapLineage, MapLink, ReplannedSampler
-from spiral_lightning.frames import cut, start_of
-from spiral_lightning.loader import consumer_states
-from spiral_lightning.mixture import STOP_MODES, Stop
-from spiral_lightning.shuffle import shuffled_chunks, window_key
-from spiral_lightning.state import Cursor, State
-from spiral_lightning.windows import WindowPosition, read_windows
-from spiral_lightning.work import fingerprint, policy_name
+from spiral_lightning.core.plan import fingerprint
+from spiral_lightning.core.state import Cursor, State
+from spiral_lightning.datasets.mixture import STOP_MODES, Stop
+from spiral_lightning.datasets.windows import WindowPosition, read_windows
+from spiral_lightning.lightning.loader import consumer_states
+from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
+from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.policies import policy_name, window_key
+from spiral_lightning.reading.frames import cut, start_of
+from spiral_lightning.reading.shuffle import shuffled_chunks
 from tests.lightning_job import Recorder
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout, write_uneven
 from tests.test_datamodule import checkpoints, ids_in, trainer

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from spiral_lightning import Shard, SpiralDataModule, SpiralLoader, TableDataset, TableSpec, write_table
-from spiral_lightning.padding import VALID, WithValid, padding_batch, padding_note
+from spiral_lightning.lightning.padding import VALID, WithValid, padding_batch, padding_note
 from tests.tables import KEEP_TEXT, kept_ids
 
 ROOT = Path(__file__).resolve().parent.parent

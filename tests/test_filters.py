@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spiral_lightning import TableDataset, TableSpec, write_table
-from spiral_lightning.filters import And, Compare, InSet, IsNull, Like, Not, Or, parse
+from spiral_lightning.core.filters import And, Compare, InSet, IsNull, Like, Not, Or, parse
 
 ROWS = 200
 

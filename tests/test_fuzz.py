@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from spiral_lightning import TableDataset, TableSpec, balanced
-from spiral_lightning.cli import main
-from spiral_lightning.filters import parse
-from spiral_lightning.state import State
+from spiral_lightning.core.filters import parse
+from spiral_lightning.core.state import State
+from spiral_lightning.lightning.cli import main
 from tests.tables import write_layout
 from tests.test_cli import config
 
@@ -205,7 +205,7 @@ def test_a_uri_resolves_or_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def data_arguments() -> set[str]:
     """The keys the demo config's data section may hold: its DataModule's arguments."""
-    from spiral_lightning.demo import DemoDataModule
+    from spiral_lightning.demos.tabular import DemoDataModule
 
     return {
         name

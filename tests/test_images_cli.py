@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.cli import main
-from spiral_lightning.demo_images import COLOURS, ImageDemoDataModule, demo_image_folder
-from spiral_lightning.ingest import classes_of, ingest_images
+from spiral_lightning.demos.images import COLOURS, ImageDemoDataModule, demo_image_folder
+from spiral_lightning.lightning.cli import main
+from spiral_lightning.media.ingest import classes_of, ingest_images
 
 CONFIG = Path(__file__).parent.parent / "configs" / "images.yaml"
 

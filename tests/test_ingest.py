@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.ingest import (
+from spiral_lightning.core.media import FrameSlice, Image, Video, Where
+from spiral_lightning.media.decode import project
+from spiral_lightning.media.ingest import (
     CLASSES_KEY,
     BadFile,
     class_names,
@@ -18,7 +20,6 @@ from spiral_lightning.ingest import (
     ingest_videos,
     read_folder,
 )
-from spiral_lightning.media import FrameSlice, Image, Video, Where, project
 from tests.test_media import encode_image, encode_video, frame_numbers, gradient
 
 

@@ -15,21 +15,18 @@ import pytest
 import torch
 from PIL import Image as PILImage
 
-from spiral_lightning.media import (
+from spiral_lightning.core.media import (
     DecodeError,
     FrameIndices,
     FrameNeighborhood,
     FrameSlice,
     FrameTimes,
     Image,
-    Skipped,
     Video,
     Where,
-    decode_clip,
-    decode_image,
-    project,
 )
-from spiral_lightning.tensors import to_torch
+from spiral_lightning.media.decode import Skipped, decode_clip, decode_image, project
+from spiral_lightning.reading.tensors import to_torch
 
 #: Frame ``i`` of a test video is solid gray ``LEVEL * i``, so its mean names its index.
 LEVEL = 8

@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
-from spiral_lightning.ingest import classes_of, ingest_images
-from spiral_lightning.media import DecodeError, FrameSlice, Image, Video
+from spiral_lightning.core.media import DecodeError, FrameSlice, Image, Video
+from spiral_lightning.media.ingest import classes_of, ingest_images
 from spiral_lightning.sources.spiral import IDS_FILE
 from tests.test_media import encode_video
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.media import Image
+from spiral_lightning.core.media import Image
 from spiral_lightning.sources.spiral import IDS_FILE
 
 ROWS = 6

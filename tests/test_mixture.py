@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Mixture, TableDataset, TableSpec
-from spiral_lightning.mixture import STOP_MODES, Stop, pass_epoch
+from spiral_lightning.datasets.mixture import STOP_MODES, Stop, pass_epoch
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, write_layout
 

@@ -24,10 +24,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec, write_table
-from spiral_lightning.cli import main
-from spiral_lightning.demo import demo_data
-from spiral_lightning.storage import StorageOptions, locate
-from spiral_lightning.work import fingerprint
+from spiral_lightning.core.plan import fingerprint
+from spiral_lightning.core.storage import StorageOptions
+from spiral_lightning.demos.tabular import demo_data
+from spiral_lightning.lightning.cli import main
+from spiral_lightning.sources.stores import locate
 from tests.lightning_job import Recorder
 from tests.loaders import stopped_and_resumed
 from tests.objectstore import LatencyProxy, S3Server, free_ports
@@ -236,7 +237,7 @@ def test_yaml_reads_the_store_with_keys_from_the_environment(
                     dirpath: {tmp_path / "checkpoints"}
                     save_last: true
             model:
-              class_path: spiral_lightning.demo.DemoModel
+              class_path: spiral_lightning.demos.tabular.DemoModel
             data:
               class_path: spiral_lightning.SpiralDataModule
               init_args:

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, TableDataset, TableSpec, balanced, stripe
-from spiral_lightning.frames import read_frames, start_of
-from spiral_lightning.packing import PIECE_TOKENS, PackPosition, read_blocks
+from spiral_lightning.reading.frames import read_frames, start_of
+from spiral_lightning.reading.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
 from tests.count_ddp_job import PACKED_LENGTH
 from tests.loaders import stopped_and_resumed

@@ -21,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spiral_lightning import Shard, Shuffled, Split, TableDataset, TableSpec, WorkItem, balanced, stripe
-from spiral_lightning.frames import Last
-from spiral_lightning.lists import consumer_rows, distinct, plan_all, stored_rows, unit_key, units
-from spiral_lightning.work import Plan, Policy, shuffled_blocks
+from spiral_lightning.core.plan import Plan, Policy
+from spiral_lightning.planning.lists import consumer_rows, distinct, plan_all, stored_rows, unit_key, units
+from spiral_lightning.planning.policies import shuffled_blocks
+from spiral_lightning.reading.frames import Last
 from tests.count_ddp_job import CountingSource
 from tests.objectstore import free_ports
 from tests.tables import BACKENDS, KEEP_TEXT

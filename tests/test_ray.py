@@ -188,9 +188,9 @@ trainer:
   enable_progress_bar: false
   enable_model_summary: false
   logger: false
-model: {{class_path: spiral_lightning.demo.DemoModel}}
+model: {{class_path: spiral_lightning.demos.tabular.DemoModel}}
 data:
-  class_path: spiral_lightning.demo.DemoDataModule
+  class_path: spiral_lightning.demos.tabular.DemoDataModule
   init_args: {{root: {tmp_path / "demo"}, rows: 2000, val_from: 1600, batch_size: 100, policy: balanced}}
 """
     )

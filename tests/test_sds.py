@@ -29,7 +29,7 @@ from spiral_lightning import (
     to_torch,
     write_table,
 )
-from spiral_lightning.frames import read_frames, start_of
+from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.sources import Take, open_source
 from spiral_lightning.sources.sds import publish_table
 from tests.tables import layout_table

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, Shuffled, TableDataset, TableSpec
-from spiral_lightning.frames import cut, read_frames, start_of
-from spiral_lightning.shuffle import shuffled_chunks
+from spiral_lightning.core.state import Cursor
+from spiral_lightning.reading.frames import cut, read_frames, start_of
+from spiral_lightning.reading.shuffle import shuffled_chunks
 from spiral_lightning.sources import open_source
-from spiral_lightning.state import Cursor
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 examples = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,7 +12,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from spiral_lightning import TableDataset, TableMapDataset, TableSpec, send_by_name, to_torch
-from spiral_lightning.transfer import handed_on, one_block
+from spiral_lightning.reading.transfer import handed_on, one_block
 from tests.tables import BACKENDS
 
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, TableSpec, WindowDataset, Windows, stripe
-from spiral_lightning.frames import start_of
+from spiral_lightning.datasets.windows import WindowPosition, read_windows
+from spiral_lightning.reading.frames import start_of
 from spiral_lightning.sources import open_source
-from spiral_lightning.windows import WindowPosition, read_windows
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, THRESHOLD, write_uneven, write_uneven_parquet
 

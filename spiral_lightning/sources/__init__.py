@@ -8,14 +8,12 @@ not copy, so ``open_source`` refuses with the fix instead of failing somewhere d
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from types import ModuleType
 
-from spiral_lightning.sources import parquet, sds, spiral
+from spiral_lightning.core.backends import backend
+from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.sources.protocol import ReadBatch, Reader, Source, Take
-from spiral_lightning.spec import TableSpec
-from spiral_lightning.storage import StorageOptions
 
 __all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "resolve", "version_of", "write"]
 
@@ -23,29 +21,14 @@ __all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "resolve", "v
 _opened_in: int | None = None
 
 
-def _backend(uri: str) -> ModuleType:
-    scheme = uri.split(":", 1)[0]
-    if scheme == "spiral":
-        return spiral
-    if scheme == "parquet":
-        return parquet
-    if scheme == "sds":
-        return sds
-    raise ValueError(
-        f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads 'spiral:', 'parquet:' and 'sds:'"
-    )
-
-
 def resolve(spec: TableSpec) -> TableSpec:
     """``spec`` pinned to the exact version its uri names now."""
-    resolved: TableSpec = _backend(spec.uri).resolve(spec)
-    return resolved
+    return spec.resolve()
 
 
 def version_of(spec: TableSpec) -> str:
     """The exact version a resolved ``spec`` names."""
-    name: str = _backend(spec.uri).version(spec)
-    return name
+    return spec.version
 
 
 def _claim_process() -> None:
@@ -63,14 +46,9 @@ def _claim_process() -> None:
 
 def open_source(spec: TableSpec) -> Source:
     """Open the exact version ``spec`` names (``spec`` must be resolved) in this process."""
-    backend = _backend(spec.uri)
+    reads = backend(spec.uri)
     _claim_process()
-    opened: dict[ModuleType, Callable[[TableSpec], Source]] = {
-        spiral: spiral.SpiralSource,
-        parquet: parquet.ParquetSource,
-        sds: sds.SdsSource,
-    }
-    source = opened[backend](spec)
+    source: Source = reads.open(spec)
     missing = [item.column for item in spec.media if item.column not in source.schema.names]
     if missing:
         raise ValueError(
@@ -83,11 +61,7 @@ def open_source(spec: TableSpec) -> Source:
 def write(uri: str, data: ArrowData, split_rows: int, storage_options: StorageOptions | None = None) -> TableSpec:
     """Write ``data`` as a new table at ``uri`` (reached with ``storage_options``, which only
     Parquet reads); the spec of the version written."""
-    backend = _backend(uri)
+    writes = backend(uri)
     _claim_process()
-    if backend is parquet:
-        return parquet.write(uri, data, split_rows, storage_options)
-    if storage_options:
-        raise ValueError(f"storage_options apply to Parquet tables, not {uri!r}")
-    spec: TableSpec = backend.write(uri, data, split_rows)
+    spec: TableSpec = writes.write(uri, data, split_rows, storage_options)
     return spec

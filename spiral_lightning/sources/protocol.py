@@ -7,7 +7,7 @@ from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 
-from spiral_lightning.work import Plan, WorkItem
+from spiral_lightning.core.plan import Plan, WorkItem
 
 #: One read batch of a work list: the rows, the index of their item in the list, and the stored
 #: row after them, from which that item resumes without reading a row twice.
@@ -66,3 +66,9 @@ class Source(Reader, Protocol):
         """The rows of ``takes``, take after take, each in the order of its positions; one call
         reads each split it names once, so a sampler's whole batch is one call."""
         ...
+
+
+def refuse_storage_options(uri: str, storage_options: object) -> None:
+    """``ValueError`` when ``storage_options`` are given for a backend that reads none."""
+    if storage_options:
+        raise ValueError(f"storage_options apply to Parquet tables, not {uri!r}")

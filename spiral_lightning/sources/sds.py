@@ -25,12 +25,11 @@ string, and any other JSON value (lists, objects) its JSON text.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import parse_qs, urlencode
 
 import numpy as np
@@ -38,18 +37,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import signal_dataset as sds
 
-from spiral_lightning import filters
+from spiral_lightning.core import filters
+from spiral_lightning.core.plan import Plan, WorkItem
+from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
-from spiral_lightning.sources.protocol import ReadBatch, Take
-from spiral_lightning.spec import TableSpec
-from spiral_lightning.work import Plan, WorkItem
+from spiral_lightning.sources.protocol import ReadBatch, Take, refuse_storage_options
+from spiral_lightning.sources.sds_records import (
+    Layout,
+)
 
 _PREFIX = "sds:"
 #: The document at an SDS root that names its published snapshot.
 ROOT_DOCUMENT = "root.json"
-#: The field metadata key that marks a shaped tensor column; its value is JSON with ``complex``
-#: and ``dim_names``. ``to_torch`` reads the same key.
-TENSOR_KEY = b"spiral_lightning.tensor"
 #: Records per read batch, and the bytes a read batch aims to stay under (estimated from the
 #: first record), so that large captures do not make one batch hold gigabytes.
 _READ_ROWS = 4096
@@ -144,148 +143,6 @@ def _open_pinned(spec: TableSpec) -> sds.Dataset:
     return dataset
 
 
-class _Tensor(NamedTuple):
-    """How a field's arrays become a shaped tensor column: the stored dtype (native byte order),
-    the value dtype of the column (a complex dtype's real part), and the rank of its arrays."""
-
-    dtype: np.dtype[Any]
-    values: np.dtype[Any]
-    rank: int
-
-    @property
-    def complex(self) -> bool:
-        return self.dtype.kind == "c"
-
-
-def _tensor(name: str, field: sds.FieldMetadata, uri: str) -> tuple[_Tensor, pa.Field]:
-    """The layout and Arrow field of SDS field ``name`` as the first record declares it."""
-    dtype = np.dtype(field.dtype).newbyteorder("=")
-    if dtype.kind not in "iufc":
-        raise ValueError(
-            f"field {name!r} of {uri!r} has dtype {dtype}; the SDS backend reads integer, float and complex fields"
-        )
-    values = np.dtype(f"f{dtype.itemsize // 2}") if dtype.kind == "c" else dtype
-    layout = _Tensor(dtype, values, len(field.shape))
-    dims = [axis.name for axis in field.axes] + (["real_imag"] if layout.complex else [])
-    storage = pa.struct(
-        [
-            pa.field("data", pa.large_list(pa.from_numpy_dtype(values))),
-            pa.field("shape", pa.list_(pa.int32(), len(dims))),
-        ]
-    )
-    marker = json.dumps({"complex": layout.complex, "dim_names": dims})
-    return layout, pa.field(name, storage, nullable=False, metadata={TENSOR_KEY: marker.encode()})
-
-
-def _key_type(value: Any) -> pa.DataType:
-    """The column type of a metadata key whose first record's value is ``value``."""
-    if isinstance(value, bool):
-        return pa.bool_()
-    if isinstance(value, int):
-        return pa.int64()
-    if isinstance(value, float):
-        return pa.float64()
-    return pa.string()
-
-
-#: The Python types each numeric metadata column takes (ints widen into a float64 column).
-_ACCEPTED: dict[int, type | tuple[type, ...]] = {
-    pa.bool_().id: bool,
-    pa.int64().id: int,
-    pa.float64().id: (int, float),
-}
-
-
-def _text(value: Any) -> str | None:
-    """A metadata value of a string column: strings as they are, other JSON values as JSON text."""
-    return value if value is None or isinstance(value, str) else json.dumps(_plain(value))
-
-
-def _plain(value: Any) -> Any:
-    """A frozen JSON value (tuples, read-only mappings) as the plain one ``json`` writes."""
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    return value
-
-
-class _Layout(NamedTuple):
-    """The full schema of a dataset's rows and how to build each column from records."""
-
-    schema: pa.Schema
-    tensors: dict[str, _Tensor]
-    keys: dict[str, pa.DataType]
-
-    @classmethod
-    def of(cls, first: sds.RecordMetadata | None, uri: str) -> _Layout:
-        if first is None:
-            return cls(pa.schema([pa.field("id", pa.string(), nullable=False)]), {}, {})
-        tensors: dict[str, _Tensor] = {}
-        fields = [pa.field("id", pa.string(), nullable=False)]
-        for name, declared in first.fields.items():
-            tensors[name], field = _tensor(name, declared, uri)
-            fields.append(field)
-        keys = {name: _key_type(value) for name, value in first.metadata.items()}
-        fields += [pa.field(name, kind) for name, kind in keys.items()]
-        names = [field.name for field in fields]
-        clashes = sorted({name for name in names if names.count(name) > 1})
-        if clashes:
-            raise ValueError(
-                f"{uri!r} has fields and metadata keys named {clashes}, which would be two columns of one name "
-                "(the record id is the column 'id')"
-            )
-        return cls(pa.schema(fields), tensors, keys)
-
-    def column(self, name: str, records: Sequence[sds.Record | sds.RecordMetadata]) -> pa.Array:
-        """Column ``name`` of ``records`` (full records for a field column)."""
-        if name == "id":
-            return pa.array([record.id for record in records], pa.string())
-        if name in self.tensors:
-            # Field columns are built only from full records; metadata carries no samples.
-            return _shaped(name, self.tensors[name], records)  # type: ignore[arg-type]
-        kind = self.keys[name]
-        values = [record.metadata.get(name) for record in records]
-        if kind == pa.string():
-            return pa.array([_text(value) for value in values], kind)
-        # pyarrow would truncate 0.5 into an int64 column without a word; check the types first.
-        accepted = _ACCEPTED[kind.id]
-        for record, value in zip(records, values, strict=True):
-            if value is not None and (
-                isinstance(value, bool) != (kind == pa.bool_()) or not isinstance(value, accepted)
-            ):
-                raise ValueError(
-                    f"metadata key {name!r} of record {record.id!r} is {value!r}, but the column is {kind} (from the "
-                    "dataset's first record); one key keeps one type in every record"
-                )
-        return pa.array(values, kind)
-
-
-def _shaped(name: str, layout: _Tensor, records: Sequence[sds.Record]) -> pa.StructArray:
-    """Field ``name`` of ``records`` as a shaped tensor column: every array copied once, into
-    one buffer that the column (and the tensors made from it) own."""
-    arrays = []
-    for record in records:
-        try:
-            data = record.fields[name].data
-        except KeyError:
-            raise ValueError(f"record {record.id!r} has no field {name!r}, which the first record has") from None
-        if data.ndim != layout.rank or data.dtype.newbyteorder("=") != layout.dtype:
-            raise ValueError(
-                f"field {name!r} of record {record.id!r} is {data.dtype}{list(data.shape)}, but the first "
-                f"record's is {layout.dtype} of rank {layout.rank}; one column holds one dtype and rank"
-            )
-        arrays.append(data.reshape(-1))
-    flat = np.concatenate(arrays, dtype=layout.dtype) if arrays else np.empty(0, layout.dtype)
-    pairs = 2 if layout.complex else 1
-    offsets = np.zeros(len(arrays) + 1, np.int64)
-    np.cumsum([array.size * pairs for array in arrays], out=offsets[1:])
-    shapes = [(*record.fields[name].data.shape, *((2,) if layout.complex else ())) for record in records]
-    data_array = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat.view(layout.values)))
-    shape_array = pa.array(shapes, pa.list_(pa.int32(), layout.rank + (pairs - 1)))
-    return pa.StructArray.from_arrays([data_array, shape_array], names=["data", "shape"])
-
-
 class SdsSource:
     """One pinned SDS snapshot opened for reading with the spec's columns and filter."""
 
@@ -297,7 +154,7 @@ class SdsSource:
         # serve two threads at once.
         self._reading = threading.Lock()
         first = self._dataset.record_metadata[0] if len(self._dataset) else None
-        self._layout = _Layout.of(first, spec.uri)
+        self._layout = Layout.of(first, spec.uri)
         names = self._layout.schema.names
         if spec.columns is not None:
             unknown = [name for name in spec.columns if name not in names]
@@ -486,11 +343,17 @@ def publish_table(
     return resolve(TableSpec(f"{_PREFIX}{root}"))
 
 
-def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
+def write(uri: str, data: ArrowData, split_rows: int, storage_options: object = None) -> TableSpec:
     """Publish ``data`` as a new SDS dataset at the root ``uri`` names (see ``publish_table``)."""
+    refuse_storage_options(uri, storage_options)
     pin = parse(uri)
     if pin.snapshot is not None:
         raise ValueError(f"write_table publishes a new dataset; {uri!r} names a snapshot, give the bare 'sds:<root>'")
     if "://" not in pin.root and os.path.exists(pin.root) and os.listdir(pin.root):
         raise FileExistsError(f"{pin.root!r} is not an empty folder; write_table never overwrites, pick a new folder")
     return publish_table(pin.root, data, split_rows=split_rows)
+
+
+def open(spec: TableSpec) -> SdsSource:  # the backend registry's name for it
+    """A source of the version ``spec`` pins, in this process."""
+    return SdsSource(spec)

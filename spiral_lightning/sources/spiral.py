@@ -20,12 +20,12 @@ import numpy as np
 import pyarrow as pa
 import spiral
 
-from spiral_lightning import filters
-from spiral_lightning.media import Image
+from spiral_lightning.core import filters
+from spiral_lightning.core.media import Image
+from spiral_lightning.core.plan import Plan, Split, WorkItem
+from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
-from spiral_lightning.sources.protocol import ReadBatch, Take
-from spiral_lightning.spec import TableSpec
-from spiral_lightning.work import Plan, Split, WorkItem
+from spiral_lightning.sources.protocol import ReadBatch, Take, refuse_storage_options
 
 #: The file in a local table's root that names its resource and version ids.
 IDS_FILE = "spiral-lightning.json"
@@ -400,9 +400,10 @@ def _containing(plan: Sequence[spiral.Split], split: spiral.Split) -> tuple[int,
     raise ValueError(f"no split of the unfiltered scan holds fragment {split.fragment} rows {split.start}..{split.end}")
 
 
-def write(uri: str, data: ArrowData, split_rows: int) -> TableSpec:
+def write(uri: str, data: ArrowData, split_rows: int, storage_options: object = None) -> TableSpec:
     """Write ``data`` as the first version of a new local table, one split per ``split_rows`` rows,
     and return the spec of that exact version."""
+    refuse_storage_options(uri, storage_options)
     location = parse(uri)
     if location.root is None or location.resolved:
         raise ValueError(f"write_table writes a new local table, named 'spiral:<empty folder>', not {uri!r}")
@@ -433,3 +434,8 @@ def _bounded(table: pa.Table) -> pa.Table:
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     chunk = max(1, min(_MAX_BATCH_ROWS, _MAX_BATCH_BYTES // row_bytes))
     return pa.Table.from_batches(table.to_batches(max_chunksize=chunk), schema=table.schema)
+
+
+def open(spec: TableSpec) -> SpiralSource:  # the backend registry's name for it
+    """A source of the version ``spec`` pins, in this process."""
+    return SpiralSource(spec)

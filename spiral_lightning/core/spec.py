@@ -1,0 +1,167 @@
+"""TableSpec: a small picklable value naming a table version and the options of its scan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from spiral_lightning.core import storage
+from spiral_lightning.core.backends import backend
+from spiral_lightning.core.media import ON_ERROR, Image, OnError, Video
+from spiral_lightning.core.sequences import Padded
+from spiral_lightning.core.storage import StorageOptions, masked
+
+#: Row groups a Parquet pass fetches ahead from an object store by default (see ``TableSpec``).
+DEFAULT_PREFETCH = 4
+
+
+class FileVersion(NamedTuple):
+    """One file of a pinned file-backed version: its path, size, modification time, the rows of
+    each of its row groups, and the entity tag an object store gave it ("" when it gives none)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    row_groups: tuple[int, ...]
+    etag: str = ""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table and how to scan it, cheap to pickle and to write in YAML.
+
+    ``uri`` names the table: ``spiral:<local root>`` (ids read from the file ``write_table``
+    leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``,
+    ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table,
+    ``parquet:<file | folder | glob>`` on any filesystem pyarrow opens, or ``sds:<root>`` for a
+    published signal-dataset snapshot. A Parquet path may be an object-store uri
+    (``parquet:s3://bucket/prefix``, ``gs://``, ``abfs://``), reached with ``storage_options``
+    (``aws_endpoint``, ``aws_access_key_id``, ``aws_secret_access_key``, ...) and, for every key
+    not given, the store's standard environment; secrets are masked in the spec's ``repr`` and
+    never enter a version, state or fingerprint. ``columns`` selects
+    columns (all when ``None``). ``filter`` keeps the rows it holds for: text in the filter
+    language (``"label < 5 AND name LIKE 'cat%'"``, the same meaning on every backend) or the
+    backend's native expression (``spiral.Expression``, ``pyarrow.compute.Expression``).
+
+    ``resolve`` pins the spec to the exact version that every process then reads: the ids in a
+    Spiral uri, or the ``files`` of a Parquet version (set by ``resolve``, never by hand).
+
+    ``media`` decodes encoded columns (binary, or Spiral blobs) into tensors: ``Image`` and
+    ``Video`` projections. A row that cannot be decoded raises, naming the table, column and row;
+    with ``on_error="skip"`` it is dropped instead and counted.
+
+    A Parquet pass keeps ``prefetch`` row groups of an object store in flight at once, each
+    fetched as a few coalesced range reads on a small pool of threads. With ``cache_dir`` (and
+    its budget ``cache_bytes``) the bytes fetched are kept in that local folder, least recently
+    used dropped first, so later passes over the same version read local disk.
+
+    Numeric, boolean and fixed-size-list columns always become tensors, so their nulls need a
+    decision: ``null_fill`` gives the value a column's nulls become, and each column of
+    ``null_mask`` also gets a ``[rows]`` bool tensor ``<column>_valid``, True where the row has a
+    value (0 / False in its null rows unless filled). A null in any other such column raises,
+    naming the column and row; the datasets refuse unknown columns when they are built.
+
+    ``padded`` turns ragged columns (a list of numbers per row, of any length) into one padded
+    tensor per batch and each row's length (see ``Padded``), where the rows become tensors.
+    """
+
+    uri: str
+    columns: tuple[str, ...] | None = None
+    filter: Any = None
+    files: tuple[FileVersion, ...] | None = None
+    media: tuple[Image | Video, ...] = ()
+    on_error: OnError = "raise"
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_bytes: int | None = None
+    prefetch: int = DEFAULT_PREFETCH
+    null_fill: Mapping[str, int | float | bool] | None = None
+    null_mask: tuple[str, ...] = ()
+    padded: tuple[Padded, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or ":" not in self.uri:
+            shown = masked(self.uri) if isinstance(self.uri, str) else self.uri
+            raise ValueError(f"a table uri looks like 'spiral:<root>', 'parquet:<path>' or 'sds:<root>', not {shown!r}")
+        if self.scheme == "parquet":
+            storage.parse(self.uri[len("parquet:") :])
+        if self.storage_options is not None:
+            object.__setattr__(self, "storage_options", StorageOptions(self.storage_options) or None)
+        if self.scheme != "parquet" and (self.storage_options or self.cache_dir is not None):
+            raise ValueError(
+                f"storage_options and cache_dir apply to Parquet tables, not {self.uri!r}: Spiral reaches its "
+                "stores through spiral-sdk's own configuration, and SDS snapshots are local folders"
+            )
+        if (self.cache_dir is None) != (self.cache_bytes is None):
+            raise ValueError("cache_dir and cache_bytes go together: a cache folder and its budget in bytes")
+        if self.cache_bytes is not None and (
+            isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 1
+        ):
+            raise ValueError(f"cache_bytes must be a positive int, not {self.cache_bytes!r}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise ValueError(f"prefetch must be a positive int (row groups in flight), not {self.prefetch!r}")
+        if self.columns is not None:
+            columns: Any = self.columns
+            if isinstance(columns, str) or not isinstance(columns, Sequence):
+                raise TypeError(f"columns must be a list of column names, not {columns!r}")
+            if not columns or not all(isinstance(name, str) for name in columns):
+                raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
+            object.__setattr__(self, "columns", tuple(columns))
+        media: Any = self.media
+        if isinstance(media, Image | Video) or not all(isinstance(item, Image | Video) for item in media):
+            raise TypeError(f"media must be a list of Image and Video projections, not {media!r}")
+        object.__setattr__(self, "media", tuple(media))
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
+        if isinstance(self.filter, str):
+            from spiral_lightning.core.filters import parse
+
+            parse(self.filter)
+        if self.null_fill is not None:
+            fill: Any = self.null_fill
+            if not isinstance(fill, Mapping) or not all(
+                isinstance(name, str) and isinstance(value, int | float) for name, value in fill.items()
+            ):
+                raise TypeError(f"null_fill must map column names to numbers or bools, not {fill!r}")
+            object.__setattr__(self, "null_fill", dict(fill) or None)
+        mask: Any = self.null_mask
+        if isinstance(mask, str) or not isinstance(mask, Sequence) or not all(isinstance(name, str) for name in mask):
+            raise TypeError(f"null_mask must be a list of column names, not {mask!r}")
+        object.__setattr__(self, "null_mask", tuple(mask))
+        padded: Any = self.padded
+        if isinstance(padded, Padded) or not all(isinstance(item, Padded) for item in padded):
+            raise TypeError(f"padded must be a list of Padded projections, not {padded!r}")
+        columns = [item.column for item in padded]
+        if len(set(columns)) < len(columns):
+            raise ValueError(f"padded names a column more than once: {columns}; give each column one Padded")
+        object.__setattr__(self, "padded", tuple(padded))
+
+    @property
+    def scheme(self) -> str:
+        """The backend that reads the table: the part of the uri before the first colon."""
+        return self.uri.split(":", 1)[0]
+
+    def resolve(self) -> TableSpec:
+        """This spec pinned to one exact version, so every process reads the same rows."""
+        resolved: TableSpec = backend(self.uri).resolve(self)
+        return resolved
+
+    @property
+    def version(self) -> str:
+        """The exact version a resolved spec names; ``ValueError`` for an unresolved one."""
+        return backend(self.uri).version(self)
+
+
+def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = None) -> TableSpec:
+    """A spec for ``table``, which may be a spec or a bare uri, reached with ``storage_options``
+    when given (a spec that has options of its own must have the same)."""
+    spec = table if isinstance(table, TableSpec) else TableSpec(table)
+    if storage_options is None:
+        return spec
+    options = StorageOptions(storage_options)
+    if spec.storage_options is not None and spec.storage_options != options:
+        raise ValueError(
+            f"the table {spec.uri!r} has its own storage_options {spec.storage_options!r}, not {options!r}"
+        )
+    return replace(spec, storage_options=options)

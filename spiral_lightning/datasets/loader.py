@@ -1,0 +1,55 @@
+"""The DataLoader a dataset's ``loader()`` returns, and the settings a table reads right with."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning.reading.transfer import send_by_name
+
+
+class Batched(Protocol):
+    """A dataset that cuts its own batches and counts them: ``batches(workers)`` is the exact
+    number of batches of its current epoch read by ``workers`` DataLoader workers."""
+
+    def batches(self, workers: int) -> int: ...
+
+
+def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataLoader settings a table reads right with, under ``options`` the caller gives:
+    ``forkserver`` workers (a parent that opened a table cannot fork), persistent so that start-up
+    is paid once, sending their batches by shared-memory name (see ``send_by_name``)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+    settings: dict[str, Any] = {"num_workers": num_workers}
+    if num_workers:
+        # Workers fork from a server that imported these once, so each starts in milliseconds.
+        multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning.datasets.table"])
+        settings["multiprocessing_context"] = "forkserver"
+        settings["persistent_workers"] = True
+    settings.update(options)
+    if settings.get("persistent_workers") and "worker_init_fn" not in options:
+        settings["worker_init_fn"] = send_by_name
+    return settings
+
+
+class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """The ``StatefulDataLoader`` of a ``TableDataset``, made by ``TableDataset.loader``: it hands
+    on the dataset's own batches (``batch_size=None``), and ``len`` is the exact number of batches
+    in the dataset's current epoch, not its rows."""
+
+    def __init__(self, dataset: Batched, **options: Any) -> None:
+        if options.get("batch_size") is not None:
+            raise ValueError(
+                "a TableDataset cuts its own batches (TableDataset(batch_size=...)); a DataLoader batch_size would "
+                "stack them into [batch_size, rows, ...] tensors"
+            )
+        options.pop("batch_size", None)
+        super().__init__(dataset, batch_size=None, **options)
+        self.table = dataset
+
+    def __len__(self) -> int:
+        return self.table.batches(self.num_workers)

@@ -1,0 +1,410 @@
+"""Mixture: several table versions interleaved by weight into one resumable stream of batches.
+
+Each output batch comes from one table. Which table comes next is a deficit choice: the table
+whose delivered rows lag furthest behind its weight's share is read next, so the row proportions
+track the weights within about one batch per table at every point of the epoch. A seeded random
+draw would only match them on average (over 1,000 batches a 30% table drifts by 1.5% at one
+standard deviation), so the seed sets only where in the cycle each consumer starts.
+
+A consumer's state is a ``MixtureState`` (``mixture_state``); ``load_elastic`` re-plans a saved
+epoch for other ranks or workers (``elastic_mixture``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset
+
+from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
+from spiral_lightning.core.plan import Policy, Shard
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.state import check_same_topology
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
+from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.policies import policy_name, stripe
+from spiral_lightning.reading.tensors import to_torch
+
+#: What ends a mixture's epoch on each consumer: the first table that runs out, or every table
+#: read through at least once, restarting the ones that run out before that.
+Stop = Literal["first_exhausted", "cycle"]
+STOP_MODES: tuple[Stop, ...] = ("first_exhausted", "cycle")
+
+
+class Mixture(IterableDataset[Any]):
+    """Batches from several table versions, interleaved by weight, each batch from one table.
+
+    ``tables`` pairs each table (a spec or a uri; versions, backends and schemas may differ) with
+    a positive weight, its share of the rows delivered. ``columns`` selects the columns every
+    table must have and the batches hold (each table's own spec columns when ``None``); a table
+    whose spec selects other columns is a ``ValueError`` naming the table and the column.
+
+    Every consumer (a DataLoader worker on one rank) reads its own work list of every table, as
+    ``TableDataset`` does with ``policy``, in frames of ``batch_size`` rows, and picks the next
+    table by deficit: the table with the least ``(rows delivered + phase * batch_size) / weight``,
+    lowest index on ties, where each table's phase in ``[0, 1)`` is drawn from ``(seed, epoch,
+    consumer)``, so consumers start their cycles at different tables.
+
+    A table runs out when it is chosen and has no rows left. ``stop="first_exhausted"`` ends the
+    consumer's epoch there: every row is delivered at most once, and the table that ran out
+    exactly once. ``stop="cycle"`` starts that table's next pass (read in ``pass_epoch(epoch,
+    pass)``) and ends the epoch when every table has been read to its end at least once; a pass
+    that gives the consumer no rows drops the table for the rest of the epoch.
+
+    ``collate`` turns each frame into a batch (tensors by default); the mixture counts a batch's
+    rows as its ``len``, or the length of its first column when it is a mapping. With
+    ``table_key`` set, each batch (a mapping) also holds the index of its table under that key.
+    Each table reads ``read_ahead`` read batches ahead, as in ``TableDataset``.
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: every table's
+    ``TableDataset`` state plus each table's passes and delivered rows. ``load_elastic`` continues
+    an epoch saved under other ranks or workers (see ``spiral_lightning.elastic_mixture``).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[TableSpec | str, float]],
+        *,
+        batch_size: int,
+        seed: int = 0,
+        columns: Sequence[str] | None = None,
+        stop: Stop = "first_exhausted",
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        table_key: str | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+    ) -> None:
+        if not tables:
+            raise ValueError("a Mixture needs at least one (table, weight) pair")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if not _is_count(seed):
+            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        if stop not in STOP_MODES:
+            raise ValueError(f"stop must be one of {STOP_MODES}, not {stop!r}")
+        if table_key is not None and collate is None:
+            raise ValueError("table_key adds an entry to each batch, so it needs a collate that makes mappings")
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
+        specs: list[TableSpec] = []
+        weights: list[float] = []
+        for index, pair in enumerate(tables):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise TypeError(f"table {index} of the mixture must be a (table, weight) pair, not {pair!r}")
+            table, weight = pair
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+                raise ValueError(
+                    f"the weight of table {index} of the mixture must be a positive number, not {weight!r}"
+                )
+            specs.append(_project(as_spec(table), columns, index))
+            weights.append(float(weight))
+        self.weights = tuple(weight / sum(weights) for weight in weights)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.stop: Stop = stop
+        self.table_key = table_key
+        # The epoch, shared with the copies pickled for workers like TableDataset's settings, so
+        # set_epoch reaches persistent workers.
+        self._epoch = torch.zeros(1, dtype=torch.int64)
+        opened: list[TableDataset] = []
+        for index, spec in enumerate(specs):
+            try:
+                opened.append(
+                    TableDataset(
+                        spec,
+                        batch_size=batch_size,
+                        policy=policy,
+                        rank=rank,
+                        world_size=world_size,
+                        collate=collate,
+                        read_ahead=read_ahead,
+                    )
+                )
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({spec.uri}): {error}") from error
+        self.tables = tuple(opened)
+        for dataset in self.tables:
+            # Each consumer moves its own tables through their passes, so a worker's tables must
+            # not share their epochs with the other workers' (as a TableDataset pickled alone does).
+            dataset._keep_settings_private()
+        self._progress = [Progress()] * len(self.tables)
+        # Whether each table's TableDataset state describes its current pass: a table not yet
+        # read this epoch still holds the cursor of an earlier one.
+        self._live = [False] * len(self.tables)
+        # The epoch whose iteration _progress and _live describe: before a consumer's first batch of
+        # an epoch its state is where the epoch starts, not where the last one ended.
+        self._begun: int | None = None
+        self._resume: MixtureState | None = None
+        self._start: MixtureStart | None = None
+        self._lineage: MixtureLineage | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        return self.__dict__.copy()
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        return self.tables[0].shard()
+
+    @property
+    def epoch(self) -> int:
+        """The mixture epoch read (see ``set_epoch``)."""
+        return int(self._epoch[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` from now on: its table epochs (``pass_epoch``) and its phases. It reaches
+        DataLoader workers that are already running (``persistent_workers=True``)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        self._epoch[0] = epoch
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a Mixture has no length: where its stop rule ends each consumer's epoch depends on every table's "
+            "share and on the worker count; count batches by iterating an epoch"
+        )
+
+    def _state(self) -> MixtureState:
+        shard = self.shard()
+        begun = self._begun == self.epoch
+        live = self._live if begun else [False] * len(self.tables)
+        return MixtureState(
+            seed=self.seed,
+            stop=self.stop,
+            weights=self.weights,
+            batch_size=self.batch_size,
+            shard=shard,
+            epoch=self.epoch,
+            tables=tuple(self._progress if begun else self._first_progress(shard)),
+            states=tuple(table.state_dict() if on else None for table, on in zip(self.tables, live, strict=True)),
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
+        )
+
+    def _first_progress(self, shard: Shard) -> list[Progress]:
+        """Where consumer ``shard`` starts this epoch: at the start, or where a re-plan puts it."""
+        start = self._replanned()
+        return start.progress(shard) if start is not None else [Progress()] * len(self.tables)
+
+    def _replanned(self) -> MixtureStart | None:
+        """Where ``load_elastic`` starts every consumer, while its epoch lasts."""
+        return self._start if self._start is not None and self._start.epoch == self.epoch else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's position in the mixture and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            return self._resume.to_dict()
+        return self._state().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a mixture with the same tables, weights, seed, stop rule,
+        batch size and consumer; ``ValueError`` naming what differs otherwise."""
+        saved = MixtureState.from_dict(state)
+        check_same_topology("Mixture", saved.shard, self.shard())
+        saved.check_matches(self._state())
+        if saved.remainder is not None and (self._lineage is None or self._lineage.digest != saved.remainder):
+            raise ValueError(
+                f"the Mixture state continues epoch {saved.epoch} re-planned from another topology (lineage "
+                f"{saved.remainder}), which this mixture has not re-planned; restore it with "
+                "load_elastic(every consumer's state, lineage=the lineage() saved beside them), or, under the "
+                "saved ranks and workers, call load_lineage(that lineage) before load_state_dict"
+            )
+        for index, (table, progress, table_state) in enumerate(
+            zip(self.tables, saved.tables, saved.states, strict=True)
+        ):
+            if table_state is None:
+                continue
+            expected = pass_epoch(saved.epoch, progress.passes)
+            if table_state.get("epoch") != expected:
+                raise ValueError(
+                    f"the Mixture state's tables[{index}].state is for table epoch {table_state.get('epoch')!r}, "
+                    f"but pass {progress.passes} of epoch {saved.epoch} reads table epoch {expected}"
+                )
+            table.load_state_dict(table_state)
+        self._resume = saved
+        self._epoch[0] = saved.epoch
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): each table's rows of its pass in progress that none of them delivered are
+        shared among this mixture's consumers, each exactly once, and later epochs plan as usual.
+        ``states`` holds every saved consumer's ``state_dict``; when they continue an epoch
+        re-planned before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when
+        they differ in settings or epoch, or, under ``stop="cycle"``, are in different passes of a
+        table (see ``spiral_lightning.elastic_mixture``)."""
+        saved = [MixtureState.from_dict(state) for state in states]
+        current = self._state()
+        for state in saved:
+            state.check_matches(current, tuple(name for name in MIXTURE_SETTINGS if name != "shard"))
+        tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
+        passes, start = table_passes(saved, lineage, tables)
+        lineages: list[Lineage] = []
+        for index, (table, found) in enumerate(zip(self.tables, passes, strict=True)):
+            try:
+                table.load_elastic(found.states, found.lineage, finished=found.finished)
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+            made = table.lineage()
+            if made is not None:
+                lineages.append(Lineage.from_dict(made))
+        self._start = start
+        self._begun = None
+        self._lineage = MixtureLineage(start, tuple(lineages))
+        self._resume = None
+        self._epoch[0] = start.epoch
+
+    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """Read, in its epoch, the remainders ``lineage`` (a ``lineage()``) describes, as the
+        consumers of its re-plan do, so that their states, which name it, restore with
+        ``load_state_dict`` under the same topology: the way on for states ``load_elastic``
+        refuses (consumers in different passes of a table under ``stop="cycle"``)."""
+        found = MixtureLineage.from_dict(lineage)
+        if len(found.tables) != len(self.tables):
+            raise ValueError(
+                f"the Mixture re-plan lineage holds {len(found.tables)} tables, but the mixture has "
+                f"{len(self.tables)}; it belongs to another mixture"
+            )
+        for index, (table, made) in enumerate(zip(self.tables, found.tables, strict=True)):
+            try:
+                table.load_lineage(made.to_dict())
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+        self._start = found.start
+        self._begun = None
+        self._lineage = found
+        self._epoch[0] = found.start.epoch
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainders again (see
+        ``spiral_lightning.elastic_mixture``), as plain values: save it once beside every
+        consumer's ``state_dict`` and give both to ``load_elastic``. ``None`` in an epoch planned
+        as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
+    def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.epoch != self.epoch:
+            raise ValueError(
+                f"the Mixture state was saved in epoch {resume.epoch}, but the mixture is now set to epoch "
+                f"{self.epoch}; load the state again, or set the epoch before loading it"
+            )
+        shard = self.shard()
+        self._begun = self.epoch
+        self._progress = list(resume.tables) if resume is not None else self._first_progress(shard)
+        self._live = (
+            [state is not None for state in resume.states] if resume is not None else [False] * len(self.tables)
+        )
+        if ended(self.stop, self._progress):
+            # A state saved after the consumer's last batch: its epoch is over.
+            return
+        for index, table in enumerate(self.tables):
+            if not self._live[index]:
+                table.set_epoch(pass_epoch(self.epoch, self._progress[index].passes))
+        for index, table in enumerate(self.tables):
+            try:
+                table.source()
+            except ValueError as error:
+                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+        phases = _phases(self.seed, self.epoch, shard, len(self.tables))
+        streams: list[Iterator[Any] | None] = [None] * len(self.tables)
+        while True:
+            chosen = [index for index, progress in enumerate(self._progress) if not progress.empty]
+            if not chosen:
+                return
+            index = min(chosen, key=lambda i: (self._deficit(i, phases[i]), i))
+            batch = self._next(index, streams)
+            if batch is _END:
+                return
+            if batch is _AGAIN:
+                continue
+            progress = self._progress[index]
+            self._progress[index] = progress._replace(rows=progress.rows + _rows(batch))
+            yield self._tag(batch, index)
+
+    def _deficit(self, index: int, phase: float) -> float:
+        """The rows table ``index`` delivered per unit of weight, shifted by its phase: the table
+        with the smallest is furthest behind its share and is read next."""
+        return (self._progress[index].rows + phase * self.batch_size) / self.weights[index]
+
+    def _next(self, index: int, streams: list[Iterator[Any] | None]) -> Any:
+        """The next batch of table ``index``; ``_END`` when the epoch ends, ``_AGAIN`` when the
+        table turned out empty for this consumer and another must be chosen."""
+        table = self.tables[index]
+        stream = streams[index]
+        if stream is None:
+            stream = streams[index] = iter(table)
+            self._live[index] = True
+        batch = next(stream, _END)
+        if batch is not _END:
+            return batch
+        progress = self._progress[index]
+        self._progress[index] = progress = progress._replace(passes=progress.passes + 1)
+        # The table's state is for its current pass, which has not begun.
+        self._live[index] = False
+        if ended(self.stop, self._progress):
+            return _END
+        table.set_epoch(pass_epoch(self.epoch, progress.passes))
+        stream = streams[index] = iter(table)
+        self._live[index] = True
+        batch = next(stream, _END)
+        if batch is _END:
+            self._progress[index] = progress._replace(empty=True)
+            return _AGAIN
+        return batch
+
+    def _tag(self, batch: Any, index: int) -> Any:
+        if self.table_key is None:
+            return batch
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"table_key needs batches that are mappings, but collate made a {type(batch).__name__}")
+        if self.table_key in batch:
+            raise ValueError(f"table_key {self.table_key!r} is also a column of table {index}; pick another key")
+        return {**batch, self.table_key: index}
+
+
+#: Markers ``Mixture._next`` returns instead of a batch.
+_END = object()
+_AGAIN = object()
+
+
+def _project(spec: TableSpec, columns: Sequence[str] | None, index: int) -> TableSpec:
+    """``spec`` reading exactly ``columns``; ``ValueError`` naming the table and the column when
+    its spec selects columns without one of them."""
+    if columns is None:
+        return spec
+    if spec.columns is not None:
+        for name in columns:
+            if name not in spec.columns:
+                raise ValueError(
+                    f"table {index} of the mixture ({spec.uri}) lacks the column {name!r}: its spec selects "
+                    f"{list(spec.columns)}"
+                )
+    return replace(spec, columns=tuple(columns))
+
+
+def _phases(seed: int, epoch: int, shard: Shard, tables: int) -> list[float]:
+    """Each table's starting phase for one consumer in one epoch; a string seed is hashed the same
+    way in every process, unlike ``hash`` of a tuple."""
+    generator = random.Random(f"{seed}:{epoch}:{shard.rank}:{shard.world_size}:{shard.worker}:{shard.workers}")
+    return [generator.random() for _ in range(tables)]
+
+
+def _rows(batch: Any) -> int:
+    """The rows of a collated batch: a record batch's, a mapping's first column's, else ``len``."""
+    if isinstance(batch, Mapping):
+        return len(next(iter(batch.values())))
+    rows: int = batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
+    return rows
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

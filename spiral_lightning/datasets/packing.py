@@ -1,0 +1,302 @@
+"""PackedDataset: a table's token column read as blocks of exactly ``length`` tokens (see
+``spiral_lightning.reading.packing``), a ``TableDataset`` whose rows are blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from spiral_lightning.core.plan import Policy, Shard, WorkItem
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.state import State, check_cursor, check_saved
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.planning.lists import every_shard
+from spiral_lightning.planning.policies import policy_name, stripe
+from spiral_lightning.reading.frames import Last, start_of
+from spiral_lightning.reading.packing import (
+    PACKED_FORMAT,
+    POSITIONS,
+    After,
+    Blocks,
+    Packing,
+    PackPosition,
+    count_tokens,
+    read_blocks,
+)
+from spiral_lightning.reading.transfer import handed_on
+
+
+class PackedDataset(TableDataset):
+    """Batches of ``batch_size`` blocks of exactly ``length`` tokens from the token column
+    ``column``, each consumer packing its own work list's documents in order (see the module).
+
+    A batch is ``{column: int64 [batch_size, length], "positions": int64 [batch_size, length]}``;
+    other columns are not read. ``separator`` (a token id) follows each non-empty document when
+    given. Every token of a consumer's documents is delivered once, in order, except its tail
+    shorter than one block, which is dropped: ``dropped`` holds its tokens once the consumer's
+    pass ends, and ``tokens`` counts each consumer's stream ahead.
+
+    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``,
+    the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
+    ``last``, ``rows_per_consumer``, ``len``, ``batches`` and ``even_rows`` count blocks, so the
+    DataModule's even batches give DDP ranks equal batches. Counting reads the token column of
+    every work list counted, once per work item (each item's count is kept).
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is a
+    ``TableDataset`` state whose cursor names the document where the next block starts, plus the
+    token offset inside it and the packing it is valid for, so a resume mid-document continues the
+    identical stream, re-reading at most one batch of tokens and one read batch. A state saved
+    under another column, length or separator is refused. The elastic re-plan is not supported:
+    a remainder of stored rows would deliver the tokens of partly delivered documents again.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        column: str,
+        length: int,
+        batch_size: int,
+        separator: int | None = None,
+        last: Last = "keep_partial",
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        rows_per_consumer: int | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int (blocks per batch), not {batch_size!r}")
+        packing = Packing(column, length, separator)
+        super().__init__(
+            _token_spec(as_spec(spec, storage_options), column),
+            batch_size=batch_size,
+            last=last,
+            policy=policy,
+            rank=rank,
+            world_size=world_size,
+            collate=None,
+            rows_per_consumer=rows_per_consumer,
+            read_ahead=read_ahead,
+            transform=transform,
+        )
+        kind = self.source().schema.field(column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+            raise ValueError(
+                f"PackedDataset packs a column of token ids (a list or large_list of integers per row), not "
+                f"{column!r} of type {kind} in {self.spec.uri!r}"
+            )
+        self.packing = packing
+        self.batch_size: int = batch_size
+        self.dropped = 0
+        self._next: After | None = None
+        self._blocks = 0
+        self._packed_work: str | None = None
+        self._restored: tuple[State, int] | None = None
+        self._item_tokens: dict[WorkItem, int] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
+        if epoch != self.epoch:
+            self._next = None
+            self._blocks = 0
+            self._packed_work = None
+            self.dropped = 0
+        super().set_epoch(epoch)
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
+        """Refused: see the class."""
+        raise ValueError(
+            "a PackedDataset resumes only under the world size and worker count it was saved with: an elastic "
+            "re-plan shares stored rows, and the documents a consumer had partly delivered would be delivered "
+            "again; resume with the saved topology, or start the epoch afresh"
+        )
+
+    def tokens(self, workers: int) -> list[int]:
+        """The stream tokens (separators included) of each consumer of this rank in this epoch
+        when it has ``workers`` DataLoader workers (0 reads in the main process), in worker order."""
+        consumers = max(1, workers)
+        return self._tokens([Shard(self.rank, self.world_size, worker, consumers) for worker in range(consumers)])
+
+    def __len__(self) -> int:
+        """The blocks this rank yields in this epoch read in the main process (no workers), after
+        the quota; ``batches`` counts for any worker count."""
+        return self._capped_blocks(self._tokens([Shard(self.rank, self.world_size)])[0] // self.packing.length)
+
+    def batches(self, workers: int) -> int:
+        """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
+        workers: each consumer's whole blocks, after the quota, in batches of ``batch_size``, the
+        shorter tail counted with ``last="keep_partial"``."""
+        total = 0
+        for tokens in self.tokens(workers):
+            blocks = self._capped_blocks(tokens // self.packing.length)
+            total += -(-blocks // self.batch_size) if self.last == "keep_partial" else blocks // self.batch_size
+        return total
+
+    def even_rows(self, workers: int) -> tuple[int, int]:
+        """The blocks every consumer of every rank yields in this epoch for equal batches when each
+        rank has ``workers`` DataLoader workers, and the blocks that leaves out of the epoch: the
+        fewest whole blocks of any consumer, rounded down to whole batches with
+        ``last="require_full"``; give it to ``set_rows_per_consumer``."""
+        tokens = self._tokens(every_shard(self.world_size, max(1, workers)))
+        blocks = [count // self.packing.length for count in tokens]
+        quota = min(blocks)
+        if self.last == "require_full":
+            quota -= quota % self.batch_size
+        return quota, sum(blocks) - quota * len(blocks)
+
+    def _capped_blocks(self, blocks: int) -> int:
+        quota = self.rows_per_consumer
+        return blocks if quota is None else min(blocks, quota)
+
+    def count_shared(self, workers: int) -> None:
+        """Count the stream tokens of every work item of this epoch's lists with ``workers``
+        workers a rank, each rank a ``1/world_size`` share of the items, and exchange the counts
+        over the default ``torch.distributed`` process group: even batches need the blocks of
+        every rank's consumers, and the token column is then read once per job, not once per rank
+        (items counted before are not read again). A collective, called like
+        ``TableDataset.count_shared``, with or without a filter; without a process group of this
+        dataset's ranks it does nothing, and each rank counts alone when asked."""
+        if not self._ranks_grouped():
+            return
+        shards = every_shard(self.world_size, max(1, workers))
+        every = list(dict.fromkeys(item for shard in shards for item in self.work(shard)))
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, self._item_counts(every[self.rank :: self.world_size]))
+        for rank, part in enumerate(parts):
+            self._item_tokens.update(zip(every[rank :: self.world_size], part, strict=True))
+
+    def _item_counts(self, items: Sequence[WorkItem]) -> list[int]:
+        """The stream tokens of each of ``items``, counting those not counted yet in one read of
+        the token column."""
+        missing = [item for item in dict.fromkeys(items) if item not in self._item_tokens]
+        if missing:
+            counted = count_tokens(self.source(), missing, self.packing)
+            self._item_tokens.update(zip(missing, counted, strict=True))
+        return [self._item_tokens[item] for item in items]
+
+    def _tokens(self, shards: Sequence[Shard]) -> list[int]:
+        """The stream tokens of each of ``shards``' work lists, counting the items not counted yet
+        in one read of the token column."""
+        lists = [self.work(shard) for shard in shards]
+        self._item_counts([item for items in lists for item in items])
+        return [sum(self._item_tokens[item] for item in items) for items in lists]
+
+    def _packed_state(self, shard: Shard, position: PackPosition | None) -> State:
+        # A table state whose cursor is the document of the next block and whose delivered are blocks.
+        cursor = None if position is None else position.cursor
+        return replace(self._state(shard), work=self._packed_work, cursor=cursor, delivered=self._blocks, skipped=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's next block and the settings it is valid for, as plain values."""
+        if self._restored is not None:
+            table, offset = self._restored
+        else:
+            position = None if self._next is None else self._next()
+            table, offset = self._packed_state(self.shard(), position), 0 if position is None else position.offset
+        return {"format": PACKED_FORMAT, "table": table.to_dict(), "packing": self.packing.settings(), "offset": offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy, quota and packing; ``ValueError`` naming what differs otherwise."""
+        if isinstance(state, Mapping) and "packing" not in state:
+            raise ValueError(
+                "the state is not a PackedDataset state: it names no packing (a TableDataset state restores into a "
+                "TableDataset)"
+            )
+        check_saved(state, "PackedDataset", PACKED_FORMAT, ("table", "packing", "offset"))
+        saved_packing, now = state["packing"], self.packing.settings()
+        if saved_packing != now:
+            names = ("column", "length", "separator")
+            if isinstance(saved_packing, list | tuple) and len(saved_packing) == len(names):
+                differ = "; ".join(
+                    f"{name}: saved {old!r}, now {new!r}"
+                    for name, old, new in zip(names, saved_packing, now, strict=True)
+                    if old != new
+                )
+            else:
+                differ = f"saved {saved_packing!r}, now {now!r}"
+            raise ValueError(
+                f"the PackedDataset state was saved packing another token stream ({differ}); restore it into a "
+                "dataset with the same column, length and separator"
+            )
+        offset = state["offset"]
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"the PackedDataset state's offset must be a non-negative int, not {offset!r}")
+        saved = State.from_dict(state["table"])
+        if offset and saved.cursor is None:
+            raise ValueError(
+                f"the PackedDataset state has token offset {offset} but no cursor; it was edited or damaged"
+            )
+        saved.check_matches(self._packed_state(self.shard(), None))
+        self.set_epoch(saved.epoch)
+        self._restored = (saved, offset)
+
+    def __iter__(self) -> Iterator[Any]:
+        shard, items, work = self._begin()
+        restored, self._restored = self._restored, None
+        position = PackPosition(start_of(items))
+        delivered = 0
+        saved, offset = restored if restored is not None else (None, 0)
+        if saved is not None and saved.cursor is not None:
+            if saved.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
+                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch"
+                )
+            check_cursor(saved.cursor, items)
+            position, delivered = PackPosition(saved.cursor, offset), saved.delivered
+        self._packed_work = work
+        self._next = partial(PackPosition, *position)
+        self._blocks = delivered
+        self.dropped = 0
+        quota = self.rows_per_consumer
+        table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
+        blocks = read_blocks(
+            self.reader(),
+            items,
+            position,
+            self.packing,
+            self.batch_size,
+            self.last,
+            None if quota is None else quota - delivered,
+            table,
+        )
+        for batch, after in self._tallied(blocks):
+            self._next = after
+            self._blocks += len(batch.tokens)
+            tensors = {
+                self.packing.column: torch.from_numpy(batch.tokens),
+                POSITIONS: torch.from_numpy(batch.positions),
+            }
+            yield handed_on(tensors if self.transform is None else self.transform(tensors))
+
+    def _tallied(self, blocks: Generator[tuple[Blocks, After], None, int]) -> Iterator[tuple[Blocks, After]]:
+        """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""
+        self.dropped = yield from blocks
+
+
+def _token_spec(spec: TableSpec, column: str) -> TableSpec:
+    """``spec`` reading only the token ``column``; ``ValueError`` for options a packed stream
+    cannot honour."""
+    if spec.columns is not None and column not in spec.columns:
+        raise ValueError(f"the token column {column!r} is not among the columns {list(spec.columns)} of {spec.uri!r}")
+    if spec.media or spec.padded:
+        raise ValueError(
+            f"a PackedDataset yields only the token column {column!r}, so the spec's media and padded projections "
+            "do not apply; drop them from the spec"
+        )
+    if spec.null_fill or spec.null_mask:
+        raise ValueError(
+            "a PackedDataset packs whole documents, so null_fill and null_mask do not apply; keep null documents "
+            f"out with filter='{column} IS NOT NULL'"
+        )
+    return replace(spec, columns=(column,))

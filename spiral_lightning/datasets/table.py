@@ -1,0 +1,599 @@
+"""TableDataset: a torch IterableDataset over an exact table version, sharded and resumable."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch.distributed
+from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning.core.media import Where, left_to_decode
+from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, fingerprint
+from spiral_lightning.core.sequences import TooLong
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.state import Cursor, State, check_cursor
+from spiral_lightning.datasets.loader import TableLoader, loader_options
+from spiral_lightning.planning.elastic import remainder_of, replan
+from spiral_lightning.planning.lineage import Lineage, check_lineage
+from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
+from spiral_lightning.planning.policies import Shuffled, as_policy, balanced, policy_name, stripe, window_key
+from spiral_lightning.reading.ahead import ReadAhead
+from spiral_lightning.reading.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
+from spiral_lightning.reading.shuffle import shuffled_chunks
+from spiral_lightning.reading.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
+from spiral_lightning.reading.transfer import handed_on
+from spiral_lightning.reading.watchdog import watch
+from spiral_lightning.sources import Reader, Source, open_source
+
+#: Work items counted in one call of ``Source.count``: bounds the lists a count builds at once.
+_COUNT_CALL = 65_536
+
+#: Read batches a ``TableDataset`` reads ahead of its consumer by default (see ``read_ahead``).
+DEFAULT_READ_AHEAD = 2
+
+
+def check_read_ahead(read_ahead: int) -> None:
+    """``ValueError`` unless ``read_ahead`` is a read-ahead depth: a non-negative int."""
+    if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
+        raise ValueError(f"read_ahead must be a non-negative int (0 reads in line), not {read_ahead!r}")
+
+
+def even_note(epoch: int, consumers: int, quota: int, left_out: int, batch_size: int | None) -> tuple[str, bool]:
+    """What even batches do to an epoch, in one line to log on rank 0, and whether it is worth a
+    warning: more rows left out than one batch per consumer (a policy that shares rows unevenly,
+    such as ``stripe`` on splits of unequal size, or a filter that keeps unevenly)."""
+    note = (
+        f"even batches in epoch {epoch}: each of the {consumers} consumers reads {quota} rows, "
+        f"leaving out {left_out} rows of this epoch"
+    )
+    if left_out <= consumers * (batch_size or 1):
+        return note, False
+    return (
+        f"{note}, more than a batch per consumer; the policy 'balanced' shares stored rows equally, "
+        "and even_batches=False reads every row in batch counts that may differ between ranks",
+        True,
+    )
+
+
+class TableDataset(IterableDataset[Any]):
+    """The rows of one table version, each consumer reading only its own work list.
+
+    A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
+    ``as_policy``) gives its work list, by default ``stripe``. Each consumer cuts its rows into
+    frames of ``batch_size`` rows (read batches as they come when ``None``); ``last`` decides
+    the rows after its last full frame. ``collate``
+    turns each frame into what the dataset yields: tensors by default, the Arrow batch when
+    ``None``. The spec's media projections then decode their columns; rows dropped by
+    ``on_error="skip"`` make their batch shorter and are counted in ``skipped`` and the state.
+    ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
+    work list and drops the rest, so consumers with unequal shares yield equal batches. Read it
+    through ``loader()``, or a ``DataLoader(batch_size=None)`` whose workers start by
+    ``"forkserver"`` or ``"spawn"``: the dataset opens its table when built, in the building
+    process, so that a bad column, filter or policy fails there, and a process that opened a
+    table cannot fork.
+
+    ``set_epoch`` and ``set_rows_per_consumer`` reach DataLoader workers that are already running
+    (``persistent_workers=True``): both settings live in a small shared-memory tensor that the
+    workers' copies share, and a worker reads them each time an epoch's iteration starts.
+
+    ``read_ahead`` read batches are read ahead of the consumer on a thread of the iterating
+    process, so the source decodes while the consumer frames, converts and trains (0 reads in
+    line); it changes no row, order or state.
+
+    ``storage_options`` reach a Parquet table in an object store (see ``TableSpec``).
+
+    ``transform`` is called on each batch after collating and decoding, in the process that reads
+    (a DataLoader worker), and what it returns is yielded: per-batch augmentation or tokenizing,
+    run in parallel by the workers. It must pickle (a module-level function or class).
+
+    Rank and world size come from the arguments, else from ``torch.distributed`` when it is
+    initialized, else 0 and 1. The spec is pinned to one version when the dataset is built. The
+    source opens in the process that iterates, and only the spec and the settings are pickled.
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
+    a cursor into the consumer's work list, and a restored dataset opens its item at the cursor's
+    stored row, skipping only rows inside that read, so a resume costs the same anywhere in the
+    epoch. A restored dataset continues the epoch it was saved in.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        batch_size: int | None = None,
+        last: Last = "keep_partial",
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        rows_per_consumer: int | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        check_read_ahead(read_ahead)
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass rank and world_size together, or neither")
+        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self.rank = 0 if rank is None else rank
+        self.world_size = 1 if world_size is None else world_size
+        Shard(self.rank, self.world_size).check()
+        self.spec = as_spec(spec, storage_options).resolve()
+        if self.spec.media and collate is None:
+            raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
+        self.batch_size = batch_size
+        self.last: Last = last
+        self.policy = as_policy(policy)
+        self.collate = collate
+        self.transform = transform
+        self.read_ahead = read_ahead
+        # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
+        # memory (torch pickles tensors for worker processes by handle), so settings made here
+        # after the workers started still reach them.
+        self._settings = torch.tensor([0, -1], dtype=torch.int64)
+        self._share_settings = True
+        self._resume: State | None = None
+        self._cursor: Cursor | None = None
+        self._work: str | None = None
+        self._delivered = 0
+        self.skipped = 0
+        self._remainder: Plan | None = None
+        self._remainder_epoch = 0
+        self._lineage: Lineage | None = None
+        self._source: Source | None = None
+        self._source_pid: int | None = None
+        self._ahead: ReadAhead | None = None
+        self._owner_pid: int | None = None
+        self._counts: dict[str, int] = {}
+        self._unit_rows: dict[str, np.ndarray] = {}
+        self._rows_of: tuple[Plan, str, int, int, np.ndarray] | None = None
+        self.set_rows_per_consumer(rows_per_consumer)
+        # Opened here, in the process that builds the dataset, so an unknown column, media column
+        # or filter fails now rather than later inside a DataLoader worker.
+        self.source()
+        check_nulls(
+            Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri, self.spec.padded
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._share_settings:
+            # In place, once: the copies pickled for workers then share the settings.
+            self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        else:
+            state["_settings"] = self._settings.tolist()
+        state["_source"] = None
+        state["_source_pid"] = None
+        state["_ahead"] = None
+        # Counts are the main process's business, and may be large.
+        state["_unit_rows"] = {}
+        state["_rows_of"] = None
+        # The process that pickles a dataset for its workers is the one they must not outlive.
+        state["_owner_pid"] = os.getpid()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not isinstance(self._settings, torch.Tensor):
+            self._settings = torch.tensor(self._settings, dtype=torch.int64)
+
+    def _keep_settings_private(self) -> None:
+        """Pickle the epoch and quota by value from now on, for an owner that sets them in each
+        consumer (a ``Mixture`` moves each consumer's tables through their passes separately)."""
+        self._share_settings = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        if epoch != self.epoch:
+            # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
+            # remainder stays, for its epoch only (see _replanned): a Mixture moves a table's epoch
+            # from pass to pass and may iterate the re-planned pass again.
+            self._cursor = None
+            self._work = None
+            self._delivered = 0
+            self.skipped = 0
+        self._settings[0] = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose work lists this dataset reads (see ``set_epoch``)."""
+        return int(self._settings[0])
+
+    @property
+    def rows_per_consumer(self) -> int | None:
+        """Each consumer's quota of rows, ``None`` for none (see ``set_rows_per_consumer``)."""
+        rows = int(self._settings[1])
+        return None if rows < 0 else rows
+
+    def set_rows_per_consumer(self, rows: int | None) -> None:
+        """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
+        if rows is not None:
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+                raise ValueError(f"rows_per_consumer must be a non-negative int or None, not {rows!r}")
+            if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
+                raise ValueError(
+                    f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
+                    "so last='require_full' would fail on every consumer; round the quota down to a multiple"
+                )
+        self._settings[1] = -1 if rows is None else rows
+
+    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+        """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as
+        they are (``batch_size=None``; a DataLoader ``batch_size`` would stack them into
+        ``[batch_size, rows, ...]`` tensors), ``num_workers`` workers started by ``forkserver``,
+        persistent and sending batches by shared-memory name, and ``len`` in batches. ``options``
+        go to the loader and override these (``persistent_workers=False``, ``pin_memory=True``)."""
+        # Imported here: the loader module builds on this one.
+
+        loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options))
+        return loader
+
+    def source(self) -> Source:
+        """The table version opened in this process (opened on first use)."""
+        pid = os.getpid()
+        if self._source is None or self._source_pid != pid:
+            self._source = open_source(self.spec)
+            self._source_pid = pid
+        return self._source
+
+    def reader(self) -> Reader:
+        """What this process reads rows through: with ``read_ahead``, a thread that reads that
+        many read batches ahead through this process's source; else the source itself."""
+        source = self.source()
+        if not self.read_ahead:
+            return source
+        if self._ahead is None or self._ahead.source is not source or self._ahead.depth != self.read_ahead:
+            self._ahead = ReadAhead(source, self.read_ahead)
+        return self._ahead
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        info = get_worker_info()
+        if info is None:
+            return Shard(self.rank, self.world_size)
+        return Shard(self.rank, self.world_size, info.id, info.num_workers)
+
+    def work(self, shard: Shard | None = None) -> list[WorkItem]:
+        """The work list of ``shard`` (this process's consumer) in this epoch: the policy's, or
+        its share of a remainder that ``load_elastic`` re-planned."""
+        shard = shard or self.shard()
+        remainder = self._replanned()
+        if remainder is not None:
+            return balanced(remainder, shard)
+        return self.policy(self.source().splits, shard, self.epoch)
+
+    def _replanned(self) -> Plan | None:
+        """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
+        copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
+        return self._remainder if self._remainder_epoch == self.epoch else None
+
+    def load_elastic(
+        self,
+        states: Sequence[Mapping[str, Any]],
+        lineage: Mapping[str, Any] | None = None,
+        *,
+        finished: Collection[Shard] = (),
+    ) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): the rows none of them delivered are shared among this dataset's consumers,
+        each exactly once, and later epochs plan as usual. ``states`` holds every saved consumer's
+        ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
+        ``lineage()`` saved beside them. ``finished`` names saved consumers that delivered their
+        whole list whatever their state says (a ``Mixture`` consumer whose epoch ended on this
+        table). ``ValueError`` when they are not one epoch of one version and policy."""
+        saved = [State.from_dict(state) for state in states]
+        if saved and saved[0].version != self.spec.version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
+        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        found, remainder = replan(
+            self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
+        )
+        self.set_epoch(saved[0].epoch)
+        self._remainder = remainder.plan
+        self._remainder_epoch = saved[0].epoch
+        self._lineage = found
+        self._resume = None
+
+    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """Read, in its epoch, the remainder ``lineage`` (a ``lineage()``) describes, as the
+        consumers of its last re-plan do, so that their states, which name it, restore with
+        ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
+        re-plan again resumes so)."""
+        found = Lineage.from_dict(lineage)
+        if found.version != self.spec.version:
+            raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
+        self._remainder = remainder_of(self.source(), self.policy, found).plan
+        self._remainder_epoch = found.epoch
+        self._lineage = found
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainder again (see
+        ``spiral_lightning.elastic``), as plain values: save it once beside every consumer's
+        ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
+        again. ``None`` in an epoch planned as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
+    def __len__(self) -> int:
+        """The exact rows this rank reads over all its workers (a rank's rows do not depend on its
+        worker count), reading only the filter's columns, once per job (see ``count_shared``).
+        With a quota the count is the rank's rows read by one worker; ``batches`` counts for any
+        worker count."""
+        # A built-in policy gives a rank the same rows for any worker count: reuse the one counted last.
+        planned_at_once = self._lists(1)[2] is not None
+        workers = self._rows_of[3] if planned_at_once and self._rows_of is not None else 1
+        return self._capped(int(self._rows(workers, self.rank).sum()))
+
+    def batches(self, workers: int) -> int:
+        """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
+        workers (0 reads in the main process): each consumer's rows, after the quota, in frames of
+        ``batch_size``, the shorter tail counted with ``last="keep_partial"``."""
+        if self.batch_size is None:
+            raise ValueError("a dataset without a batch_size yields read batches, which cannot be counted ahead")
+        consumers = max(1, workers)
+        total = 0
+        for counted in self._rows(consumers, self.rank).tolist():
+            rows = self._capped(counted)
+            total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
+        return total
+
+    def even_rows(self, workers: int) -> tuple[int, int]:
+        """The rows every consumer of every rank reads in this epoch for equal batches when each
+        rank has ``workers`` DataLoader workers (0 reads in the main process), and the rows that
+        leaves out of the epoch.
+
+        The quota is the fewest rows any consumer's work list returns, rounded down to whole
+        batches with ``last="require_full"``; give it to ``set_rows_per_consumer``. Every rank
+        counts every consumer's list the same way, so all agree without talking.
+        """
+        rows = self._rows(max(1, workers))
+        quota = int(rows.min())
+        if self.last == "require_full" and self.batch_size is not None:
+            quota -= quota % self.batch_size
+        return quota, int(rows.sum()) - quota * rows.size
+
+    def count_shared(self, workers: int) -> None:
+        """Count the rows that pass the filter for this epoch's lists with ``workers`` workers a
+        rank, each rank a ``1/world_size`` share, and exchange the counts over the default
+        ``torch.distributed`` process group: the table's filter columns are then read once per
+        job, not once per rank. A collective: every rank calls it, in the same order (the
+        DataModule and Ray's ``train_loader`` do before each epoch). Without a filter, a process
+        group of this dataset's ranks or a built-in policy it does nothing, and counts are made
+        by each rank alone when asked."""
+        if self.spec.filter is None or not self._ranks_grouped():
+            return
+        plan, policy, key = self._lists(max(1, workers))
+        if key is None or key in self._unit_rows:
+            return
+        found = units(policy, plan, self.world_size, max(1, workers))
+        mine = np.arange(self.rank, found.split.size, self.world_size)
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, self._count_items(found, mine))
+        counted = np.empty(found.split.size, dtype=np.int64)
+        for rank, part in enumerate(parts):
+            counted[rank :: self.world_size] = part
+        self._unit_rows[key] = counted
+
+    def _ranks_grouped(self) -> bool:
+        """Whether the default ``torch.distributed`` process group is this dataset's ranks, so
+        that its ranks can share what they count."""
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            return False
+        return (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (self.rank, self.world_size)
+
+    def _lists(self, workers: int) -> tuple[Plan, Policy, str | None]:
+        """What this epoch's work lists are cut from when each rank has ``workers`` consumers:
+        the plan and the policy (or a re-planned remainder shared with ``balanced``), and what
+        names their units (``None`` for a policy planned one consumer at a time)."""
+        remainder = self._replanned()
+        if remainder is not None and self._lineage is not None:
+            return remainder, balanced, f"{unit_key(balanced, self.world_size, workers)} of {self._lineage.digest}"
+        key = unit_key(self.policy, self.world_size, workers)
+        return as_plan(self.source().splits), self.policy, None if key is None else f"{key} of the plan"
+
+    def _rows(self, workers: int, rank: int | None = None) -> np.ndarray:
+        """The rows each consumer's work list returns after the filter in this epoch when every
+        rank has ``workers`` consumers, by ``rank * workers + worker``, or those of ``rank``'s
+        consumers alone. For a built-in policy (or a remainder) every consumer is planned at
+        once, in O(plan), from the rows of its units (see ``spiral_lightning.lists``), and the
+        last answer is kept, since an epoch asks several times (even batches, ``batches``,
+        ``len``); any other policy's lists are counted in turn, those asked for only."""
+        plan, policy, key = self._lists(workers)
+        ranks = range(self.world_size) if rank is None else range(rank, rank + 1)
+        if key is None:
+            shards = every_shard(self.world_size, workers, ranks)
+            return np.array([self._count(policy(plan, shard, self.epoch)) for shard in shards], dtype=np.int64)
+        epoch = self.epoch if isinstance(policy, Shuffled) else 0
+        asked = (policy_name(policy), epoch, workers)
+        if self._rows_of is None or self._rows_of[0] is not plan or self._rows_of[1:4] != asked:
+            if key not in self._unit_rows and self.spec.filter is None:
+                self._unit_rows[key] = stored_rows(policy, plan, self.world_size, workers)
+            elif key not in self._unit_rows:
+                found = units(policy, plan, self.world_size, workers)
+                self._unit_rows[key] = self._count_items(found, np.arange(found.split.size))
+            rows = consumer_rows(policy, plan, self._unit_rows[key], self.world_size, workers, self.epoch)
+            self._rows_of = (plan, *asked, rows)
+        return self._rows_of[4][ranks.start * workers : ranks.stop * workers]
+
+    def _count_items(self, found: Units, index: np.ndarray) -> np.ndarray:
+        """The rows after the filter of the units of ``index``, counted in calls of bounded size."""
+        counted = [
+            self.source().count(found.items(index[start : start + _COUNT_CALL]))
+            for start in range(0, index.size, _COUNT_CALL)
+        ]
+        return np.array([rows for part in counted for rows in part], dtype=np.int64)
+
+    def _count(self, items: list[WorkItem]) -> int:
+        """The rows ``items`` return after the filter: their stored rows without one (no source
+        is asked), else counted once per work list: the version never changes, so an epoch with
+        the same lists counts nothing again."""
+        if self.spec.filter is None:
+            return sum(item.end - item.start for item in items)
+        key = fingerprint(items)
+        if key not in self._counts:
+            self._counts[key] = sum(self.source().count(items))
+        return self._counts[key]
+
+    def _capped(self, rows: int) -> int:
+        return rows if self.rows_per_consumer is None else min(rows, self.rows_per_consumer)
+
+    def _state(self, shard: Shard) -> State:
+        return State(
+            version=self.spec.version,
+            shard=shard,
+            batch_size=self.batch_size,
+            epoch=self.epoch,
+            policy=policy_name(self.policy),
+            work=self._work,
+            cursor=self._cursor,
+            rows_per_consumer=self.rows_per_consumer,
+            delivered=self._delivered,
+            skipped=self.skipped,
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's cursor and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            return self._resume.to_dict()
+        return self._state(self.shard()).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy and quota; ``ValueError`` naming each setting that differs otherwise."""
+        saved = State.from_dict(state)
+        saved.check_matches(self._state(self.shard()))
+        check_lineage("TableDataset", saved, self._lineage, self._remainder_epoch)
+        self._resume = saved
+        self._settings[0] = saved.epoch
+        if saved.remainder is None:
+            self._remainder = None
+
+    def _begin(self) -> tuple[Shard, list[WorkItem], str]:
+        """A pass's consumer, its work list and the list's fingerprint; in a DataLoader worker the
+        pass also starts watching the process that owns the worker."""
+        if self._owner_pid is not None and get_worker_info() is not None:
+            watch(self._owner_pid)
+        shard = self.shard()
+        items = self.work(shard)
+        return shard, items, fingerprint(items)
+
+    def __iter__(self) -> Iterator[Any]:
+        shard, items, work = self._begin()
+        resume, self._resume = self._resume, None
+        cursor = start_of(items)
+        delivered = 0
+        if resume is not None and resume.cursor is not None:
+            if resume.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
+                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch, and a state saved mid-epoch "
+                    "by an earlier spiral-lightning whose policy dealt otherwise (Shuffled before its block order "
+                    "became a Feistel bijection) resumes only with that version"
+                )
+            check_cursor(resume.cursor, items)
+            cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
+        else:
+            skipped = 0
+        self._work = work
+        self._cursor = cursor
+        self._delivered = delivered
+        self.skipped = skipped
+        frames = self._frames(self.reader(), items, cursor, shard)
+        if self.rows_per_consumer is not None:
+            frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
+        collate = self._collate(shard)
+        for frame, after in frames:
+            self._cursor = after
+            first_row = self._delivered
+            self._delivered += frame.num_rows
+            if collate is None:
+                batch = frame.rows()
+            elif not self.spec.media:
+                batch = collate(frame, first_row)
+            else:
+                batch = self._decode(collate(frame, first_row), shard, first_row)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            yield batch if collate is None else handed_on(batch)
+
+    def _collate(self, shard: Shard) -> Callable[[Frame, int], Any] | None:
+        """How this pass turns a frame, whose first row is row ``first_row`` of the consumer's
+        stream, into what it yields (``None``: the frame's record batch); a null that the spec's
+        ``null_fill`` and ``null_mask`` leave raises naming the table, consumer and row."""
+        collate = self.collate
+        if collate is None:
+            return None
+        nulls = Nulls(self.spec.null_fill, self.spec.null_mask)
+        # Most frames are one slice of one read batch; converting each read batch once and slicing
+        # its tensors costs a fraction of converting every frame.
+        slices = BatchSlices(nulls, self.spec.padded)
+
+        def rows(frame: Frame) -> Any:
+            if collate is not to_torch:
+                return collate(frame.rows())
+            if len(frame.parts) == 1:
+                return slices(*frame.parts[0])
+            return to_torch(frame.rows(), nulls, self.spec.padded)
+
+        table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
+
+        def convert(frame: Frame, first_row: int) -> Any:
+            try:
+                return rows(frame)
+            except (NullError, TooLong) as error:
+                raise error.located(f"{table}, {Where(table, first_row).name(error.position)}") from None
+
+        return convert
+
+    def _frames(
+        self, reader: Reader, items: list[WorkItem], cursor: Cursor, shard: Shard
+    ) -> Iterator[tuple[Frame, Cursor]]:
+        """The consumer's frames from ``cursor``, shuffled within windows when the policy asks."""
+        policy = self.policy
+        if not isinstance(policy, Shuffled) or not policy.buffer_rows:
+            return read_frames(reader, items, cursor, self.batch_size, self.last)
+        chunks = shuffled_chunks(reader, items, cursor, policy.buffer_rows, window_key(policy.seed, self.epoch, shard))
+        return cut(chunks, self.batch_size, self.last, Cursor(len(items), 0))
+
+    def _decode(self, batch: dict[str, Any], shard: Shard, first_row: int) -> dict[str, Any]:
+        """``batch`` with the spec's media decoded; rows skipped for bad media are counted."""
+        where = Where(f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})", first_row)
+        media = left_to_decode(self.spec.media, self.source().decoded)
+        # Imported here: PyAV and Pillow load only for a table with media to decode.
+        from spiral_lightning.media.decode import project
+
+        projected = project(batch, media, where, on_error=self.spec.on_error)
+        self.skipped += len(projected.skipped)
+        return projected.batch
+
+
+def _within(frames: Iterator[tuple[Frame, Cursor]], rows: int, done: Cursor) -> Iterator[tuple[Frame, Cursor]]:
+    """The first ``rows`` rows of ``frames``; the frame that reaches the quota ends at ``done``,
+    the cursor of a finished consumer, so a resume after it reads nothing more."""
+    left = rows
+    if left <= 0:
+        return
+    for frame, after in frames:
+        if frame.num_rows >= left:
+            yield frame.head(left), done
+            return
+        left -= frame.num_rows
+        yield frame, after

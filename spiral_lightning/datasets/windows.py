@@ -1,0 +1,427 @@
+"""Windows: samples of consecutive rows of one group (say the frames of one episode), batched
+as ``[B, size, ...]`` and resumable at any batch.
+
+A run is a maximal stretch of consecutive rows of a consumer's stream that belong to one work
+item and hold one value of the group column. Windows never leave a run: a group boundary ends
+an episode, and a work-item boundary ends what this consumer reads contiguously, because the
+rows after it may belong to another consumer, and a window across it would depend on how the
+table was split among consumers. A table whose episodes span splits should be written so that
+they do not, or read with a policy whose items keep them whole.
+
+An elastic re-plan (``load_elastic``) shares the windows no saved consumer delivered among the
+consumers of another topology. It deals the remainder in whole pieces (``stripe``): a cut inside
+a piece would end a run there and lose the windows across it. A saved consumer's first piece
+begins at its anchor and carries its lead, so its windows start where they would have.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import IterableDataset
+
+from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.planning.elastic import replan, share_of
+from spiral_lightning.planning.lineage import Lineage, Remainder, check_lineage
+from spiral_lightning.planning.policies import policy_name, stripe
+from spiral_lightning.reading.frames import LAST_MODES, Last, runs, start_of
+from spiral_lightning.reading.tensors import Nulls, to_torch
+from spiral_lightning.reading.transfer import handed_on
+from spiral_lightning.sources import Reader
+
+#: The version of the dictionary ``WindowDataset.state_dict`` writes.
+WINDOWS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Samples of ``size`` consecutive rows of one run, a new one starting every ``stride`` rows.
+
+    Within each run windows start at the run's rows ``0, stride, 2 * stride, ...`` and a window
+    is kept only when all its ``size`` rows lie in the run; rows a window never reaches are
+    dropped. ``group_by`` names the column whose change of value ends a run (only work items
+    end runs when ``None``). Runs consist of the rows the filter keeps, so a filter that drops
+    rows inside an episode joins the rows around the gap.
+    """
+
+    size: int
+    stride: int = 1
+    group_by: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("size", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the window {name} must be a positive int, not {value!r}")
+        if self.group_by is not None and (not isinstance(self.group_by, str) or not self.group_by):
+            raise ValueError(f"group_by must be a column name or None, not {self.group_by!r}")
+
+    def settings(self) -> list[Any]:
+        """``[size, stride, group_by]``, as a state records them."""
+        return [self.size, self.stride, self.group_by]
+
+
+class WindowPosition(NamedTuple):
+    """Where a consumer's windows continue: the cursor of an anchor row and ``lead``, the number
+    of rows after the anchor, in the anchor's run, at which the next window starts.
+
+    The anchor is the next window's first row when it has been read (``lead`` 0), else the last
+    row read, so a resumed reader sees which run that row belongs to before counting ``lead``.
+    """
+
+    cursor: Cursor
+    lead: int = 0
+
+
+class _Rows(NamedTuple):
+    """Rows of one work item, the first at output row ``skip`` after stored row ``row`` of item
+    ``item``, so row ``j`` is at ``Cursor(item, row, skip + j)``."""
+
+    rows: pa.RecordBatch
+    item: int
+    row: int
+    skip: int
+
+    def cursor(self, index: int) -> Cursor:
+        return Cursor(self.item, self.row, self.skip + index)
+
+    def drop(self, rows: int) -> _Rows:
+        return _Rows(self.rows.slice(rows), self.item, self.row, self.skip + rows)
+
+
+def _groups(rows: _Rows, group_by: str | None) -> Iterator[tuple[_Rows, Any]]:
+    """``rows`` cut where the group column changes value, each part with its group value."""
+    if group_by is None:
+        yield rows, None
+        return
+    column = rows.rows.column(group_by)
+    if column.null_count:
+        raise ValueError(f"the group column {group_by!r} holds nulls, so its runs are undefined; filter them out")
+    count = len(column)
+    changes = pc.not_equal(column.slice(1), column.slice(0, count - 1)).to_numpy(zero_copy_only=False)
+    bounds = [0, *(np.flatnonzero(changes) + 1).tolist(), count]
+    for start, end in itertools.pairwise(bounds):
+        yield _Rows(rows.rows.slice(start, end - start), rows.item, rows.row, rows.skip + start), column[start].as_py()
+
+
+def read_windows(
+    reader: Reader,
+    items: Sequence[WorkItem],
+    position: WindowPosition,
+    windows: Windows,
+    batch_size: int,
+    last: Last,
+    leads: Sequence[int] = (),
+) -> Iterator[tuple[pa.RecordBatch, WindowPosition]]:
+    """Batches of ``batch_size`` windows from ``position`` on, each with the position after it.
+
+    A batch holds its windows' rows one window after another (``batch_size * size`` rows). Only
+    the rows from the anchor of the next window on are held, at most ``size`` rows plus one read
+    batch. The windows after the last full batch are one shorter batch with
+    ``last="keep_partial"``, a ``ValueError`` with ``"require_full"``. ``leads[i]`` (0 past its
+    end) is the lead of item ``i``'s first run: a re-planned piece that begins inside a run.
+    """
+    size, stride = windows.size, windows.stride
+    held: list[_Rows] = []
+    held_rows = 0
+    lead = position.lead
+    run: tuple[int, Any] | None = None
+    pending: list[pa.Table] = []
+    count = 0
+    for batch in runs(reader, items, position.cursor):
+        rows = _Rows(batch.rows, batch.item, batch.row, batch.skip)
+        for part, key in _groups(rows, windows.group_by):
+            # The first part read begins the saved run at its saved lead; a new run starts at 0,
+            # or at its item's lead when it is the item's first.
+            if run != (part.item, key) and (run is not None or part.item != position.cursor.item):
+                held, held_rows = [], 0
+                new_item = run is None or run[0] != part.item
+                lead = leads[part.item] if new_item and part.item < len(leads) else 0
+            run = (part.item, key)
+            held.append(part)
+            held_rows += part.rows.num_rows
+            starts = np.arange(lead, held_rows - size + 1, stride)
+            if len(starts):
+                rows_held = pa.Table.from_batches([piece.rows for piece in held])
+                taken = rows_held.take(pa.array((starts[:, None] + np.arange(size)).ravel()))
+                done = 0
+                while done < len(starts):
+                    step = min(batch_size - count, len(starts) - done)
+                    pending.append(taken.slice(done * size, step * size))
+                    count += step
+                    done += step
+                    if count == batch_size:
+                        next_start = int(starts[done - 1]) + stride
+                        yield _join(pending), _position(held, held_rows, next_start)
+                        pending, count = [], 0
+                lead = int(starts[-1]) + stride
+            anchor = min(lead, held_rows - 1)
+            held = _drop(held, anchor)
+            held_rows -= anchor
+            lead -= anchor
+    if count:
+        if last == "require_full":
+            raise ValueError(
+                f"{count} windows remain after this consumer's last full batch of {batch_size}; "
+                "use last='keep_partial' to deliver them as a shorter batch"
+            )
+        yield _join(pending), WindowPosition(Cursor(len(items), 0))
+
+
+def _position(held: list[_Rows], held_rows: int, next_start: int) -> WindowPosition:
+    """The position whose next window starts ``next_start`` rows into the held rows."""
+    anchor = min(next_start, held_rows - 1)
+    offset = anchor
+    for piece in held:
+        if offset < piece.rows.num_rows:
+            return WindowPosition(piece.cursor(offset), next_start - anchor)
+        offset -= piece.rows.num_rows
+    raise AssertionError("the anchor lies inside the held rows")
+
+
+def _drop(held: list[_Rows], rows: int) -> list[_Rows]:
+    """``held`` without its first ``rows`` rows."""
+    kept: list[_Rows] = []
+    for piece in held:
+        if rows >= piece.rows.num_rows:
+            rows -= piece.rows.num_rows
+            continue
+        kept.append(piece.drop(rows) if rows else piece)
+        rows = 0
+    return kept
+
+
+def _join(parts: list[pa.Table]) -> pa.RecordBatch:
+    return pa.concat_batches([batch for part in parts for batch in part.to_batches()])
+
+
+def stack(batch: Any, size: int) -> Any:
+    """A collated batch of whole windows with each column grouped by window: tensors reshaped
+    from ``[B * size, ...]`` to ``[B, size, ...]``, lists cut into ``B`` lists of ``size``; a
+    batch that is not a mapping of columns is returned as it is."""
+    if not isinstance(batch, Mapping):
+        return batch
+    stacked: dict[str, Any] = {}
+    for name, values in batch.items():
+        if isinstance(values, torch.Tensor):
+            stacked[name] = values.reshape(-1, size, *values.shape[1:])
+        else:
+            stacked[name] = [values[start : start + size] for start in range(0, len(values), size)]
+    return stacked
+
+
+class WindowDataset(IterableDataset[Any]):
+    """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
+    work list.
+
+    Consumers, ``policy``, ranks, ``read_ahead`` and the pinned version work as in
+    ``TableDataset``. ``collate`` turns each batch's rows into columns (tensors by default) and
+    each column is then grouped by window into ``[batch_size, size, ...]`` (lists of lists for
+    columns that stay lists); with ``collate=None`` a batch is the Arrow rows, window after
+    window. ``last`` decides the windows after the consumer's last full batch.
+
+    ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
+    a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the
+    windows it is valid for, so a resume re-reads at most one window's rows. ``load_elastic``
+    continues an epoch saved under other ranks or workers, every window exactly once.
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        windows: Windows,
+        batch_size: int,
+        last: Last = "keep_partial",
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+    ) -> None:
+        if not isinstance(windows, Windows):
+            raise TypeError(f"windows must be a Windows value, not {windows!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        table_spec = as_spec(spec)
+        if table_spec.media:
+            raise ValueError("WindowDataset does not decode media projections; window a table of decoded columns")
+        group_by = windows.group_by
+        if group_by is not None and table_spec.columns is not None and group_by not in table_spec.columns:
+            raise ValueError(
+                f"the group column {group_by!r} is not among the columns {list(table_spec.columns)} of "
+                f"{table_spec.uri!r}; select it too"
+            )
+        # The table dataset pins the version and gives the consumer, its work list, the opened
+        # source and the reader (read ahead or not); its own iteration is not used.
+        self.table = TableDataset(
+            table_spec, policy=policy, rank=rank, world_size=world_size, collate=None, read_ahead=read_ahead
+        )
+        self.windows = windows
+        self.batch_size = batch_size
+        self.last: Last = last
+        self.collate = collate
+        self._work: str | None = None
+        self._position: WindowPosition | None = None
+        self._resume: tuple[State, int] | None = None
+        self._remainder: Remainder | None = None
+        self._remainder_epoch = 0
+        self._lineage: Lineage | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose work lists are read."""
+        return self.table.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on."""
+        self.table.set_epoch(epoch)
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        return self.table.shard()
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a WindowDataset has no length: how many windows each consumer yields depends on the runs of its "
+            "rows, known only by reading them"
+        )
+
+    def work(self, shard: Shard | None = None) -> tuple[list[WorkItem], list[int]]:
+        """The work list of ``shard`` (this process's consumer) in this epoch and each item's lead:
+        the policy's (no leads), or its whole pieces of a remainder ``load_elastic`` re-planned."""
+        shard = shard or self.shard()
+        remainder = self._replanned()
+        if remainder is None:
+            return self.table.work(shard), []
+        return share_of(remainder, stripe, shard)
+
+    def _replanned(self) -> Remainder | None:
+        """The remainder ``load_elastic`` re-planned, while its epoch lasts."""
+        return self._remainder if self._remainder_epoch == self.epoch else None
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+        """Continue an epoch saved by every consumer of another topology (other world size or
+        worker count): the windows none of them delivered are shared among this dataset's
+        consumers in whole pieces, each exactly once, and later epochs plan as usual. ``states``
+        holds every saved consumer's ``state_dict``; when they continue an epoch re-planned
+        before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when they are
+        not one epoch of one version, policy and windows."""
+        parsed = [self._parsed(state) for state in states]
+        saved = [table for table, _ in parsed]
+        version = self.table.spec.version
+        if saved and saved[0].version != version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {version}")
+        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        found, remainder = replan(
+            self.table.source(),
+            self.table.policy,
+            saved,
+            earlier,
+            filtered=self.table.spec.filter is not None,
+            share=stripe,
+            leads=[lead for _, lead in parsed],
+        )
+        self.table.set_epoch(saved[0].epoch)
+        self._remainder = remainder
+        self._remainder_epoch = saved[0].epoch
+        self._lineage = found
+        self._resume = None
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainder again (see
+        ``spiral_lightning.elastic``), as plain values: save it once beside every consumer's
+        ``state_dict`` and give both to ``load_elastic``. ``None`` in an epoch planned as usual."""
+        if self._replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
+    def _state(self, shard: Shard) -> State:
+        return State(
+            version=self.table.spec.version,
+            shard=shard,
+            batch_size=self.batch_size,
+            epoch=self.epoch,
+            policy=policy_name(self.table.policy),
+            work=self._work,
+            cursor=None if self._position is None else self._position.cursor,
+            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's next window and the settings it is valid for, as plain values."""
+        if self._resume is not None:
+            table, lead = self._resume
+        else:
+            table, lead = self._state(self.shard()), 0 if self._position is None else self._position.lead
+        return {"format": WINDOWS_FORMAT, "table": table.to_dict(), "windows": self.windows.settings(), "lead": lead}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by a dataset over the same version, consumer, batch size,
+        policy and windows; ``ValueError`` naming what differs otherwise (another topology is
+        ``load_elastic``'s)."""
+        saved, lead = self._parsed(state)
+        check_same_topology("WindowDataset", saved.shard, self.shard())
+        saved.check_matches(self._state(self.shard()))
+        check_lineage("WindowDataset", saved, self._lineage, self._remainder_epoch)
+        self._resume = (saved, lead)
+        self.table.set_epoch(saved.epoch)
+
+    def _parsed(self, state: Mapping[str, Any]) -> tuple[State, int]:
+        """The table state and lead of a ``state_dict``; ``ValueError``, ``TypeError`` or
+        ``KeyError`` naming the field when it is not one of these windows."""
+        check_saved(state, "WindowDataset", WINDOWS_FORMAT, ("table", "windows", "lead"))
+        saved_windows = state["windows"]
+        if saved_windows != self.windows.settings():
+            raise ValueError(
+                f"the WindowDataset state's windows: saved {saved_windows!r}, now {self.windows.settings()!r}; "
+                "restore it into a dataset with the same windows"
+            )
+        lead = state["lead"]
+        if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
+            raise ValueError(f"the WindowDataset state's lead must be a non-negative int, not {lead!r}")
+        return State.from_dict(state["table"]), lead
+
+    def __iter__(self) -> Iterator[Any]:
+        source = self.table.source()
+        group_by = self.windows.group_by
+        if group_by is not None and group_by not in source.schema.names:
+            raise ValueError(f"the group column {group_by!r} is not a column of {self.table.spec.uri!r}")
+        shard = self.shard()
+        items, leads = self.work(shard)
+        work = fingerprint(items)
+        resume, self._resume = self._resume, None
+        position = WindowPosition(start_of(items), leads[0] if leads else 0)
+        self._position = None
+        saved, lead = resume if resume is not None else (None, 0)
+        if saved is not None and saved.cursor is not None:
+            if saved.work != work:
+                raise ValueError(
+                    f"the policy {policy_name(self.table.policy)} gives consumer {tuple(shard)} another work list in "
+                    f"epoch {self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
+                    "the policy must depend only on the plan, the shard and the epoch"
+                )
+            position = self._position = WindowPosition(saved.cursor, lead)
+        self._work = work
+        # The spec's nulls decide what its numeric columns' nulls become, as in TableDataset.
+        spec = self.table.spec
+        filled = partial(to_torch, nulls=Nulls(spec.null_fill, spec.null_mask), padded=spec.padded)
+        collate = filled if self.collate is to_torch else self.collate
+        for batch, after in read_windows(
+            self.table.reader(), items, position, self.windows, self.batch_size, self.last, leads
+        ):
+            self._position = after
+            yield batch if collate is None else handed_on(stack(collate(batch), self.windows.size))

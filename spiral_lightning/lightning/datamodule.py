@@ -1,0 +1,547 @@
+"""SpiralDataModule: Lightning training on exact table versions, with every rank's position in the
+checkpoint and equal batches on every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import warnings
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch.distributed
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import default_collate
+
+from spiral_lightning.core.plan import Policy
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.datasets.mapstyle import TableMapDataset
+from spiral_lightning.datasets.packing import PackedDataset
+from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead, even_note
+from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_states
+from spiral_lightning.lightning.padding import WithValid, check_unmasked, padding_batch, padding_note
+from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
+from spiral_lightning.planning.policies import as_policy
+from spiral_lightning.reading.frames import LAST_MODES, Last
+from spiral_lightning.reading.packing import Packing
+from spiral_lightning.reading.transfer import send_by_name
+from spiral_lightning.sources import open_source
+
+#: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
+STATE_FORMAT = 1
+
+#: The stages a DataModule serves, each read from its own table.
+Stage = Literal["train", "val", "test", "predict"]
+
+_STAGES: dict[str, tuple[Stage, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+
+
+class SpiralDataModule(pl.LightningDataModule):
+    """Train, validation, test and predict tables, read by every rank and worker exactly once.
+
+    Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
+    and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
+    (``"balanced"``, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``: a new order every
+    epoch), or ``"module.function"``). ``setup`` takes rank and world size
+    from the Trainer and pins each table to one version, resolved on rank 0 and shared with the
+    other ranks.
+
+    ``even_batches`` (on by default) gives every training consumer (a worker of a rank) the same
+    quota of rows when there is more than one rank: the minimum of their exact counts after the
+    filter, so every rank yields the same batches and DDP cannot wait forever on a rank that ran
+    out. The rows past the quota are dropped for that epoch and their number logged; with the
+    default ``balanced`` policy they are only what the filter made unequal. Validation, test and
+    predict drop nothing: every batch of theirs carries ``valid`` (see ``padding``), and a rank
+    with fewer batches than another ends with padding batches whose rows it marks False.
+
+    ``access="map"`` trains through a ``TableMapDataset`` instead: rows drawn in a new order
+    every epoch (``seed`` and the epoch) by torchdata's ``StatefulDistributedSampler``, read in
+    batched random accesses, each rank its own share; validation, test and predict still read
+    in stored order.
+
+    The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
+    saved) with the world size and worker count; on resume each rank restores its own.
+
+    Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
+
+    ``packing`` trains on blocks of tokens instead of rows: a ``PackedDataset`` packs the train
+    table's token column into blocks of ``packing.length`` tokens, ``batch_size`` blocks a batch,
+    and even batches count blocks. Validation, test and predict still read rows (pad a ragged
+    column with ``TableSpec(padded=...)``).
+
+    ``transform`` is called on each batch of every stage, after decoding, in the DataLoader
+    worker that reads it (see ``TableDataset``); under ``access="map"``, on each collated batch.
+
+    ``storage_options`` reach Parquet tables in an object store, for every stage (see
+    ``TableSpec``); keep secrets in the environment rather than in a YAML file, which
+    LightningCLI copies into the run's folder.
+
+    With ``persistent_workers`` the workers send their batches by shared-memory name
+    (``send_by_name``); workers restarted every epoch keep torch's default.
+    """
+
+    def __init__(
+        self,
+        train: TableSpec | str | None = None,
+        val: TableSpec | str | None = None,
+        test: TableSpec | str | None = None,
+        predict: TableSpec | str | None = None,
+        *,
+        columns: list[str] | None = None,
+        filter: Any = None,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        policy: str | Policy = "balanced",
+        seed: int = 0,
+        last: Last = "keep_partial",
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        multiprocessing_context: Literal["forkserver", "spawn"] | None = None,
+        even_batches: bool = True,
+        access: Literal["iterable", "map"] = "iterable",
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: dict[str, Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        packing: Packing | None = None,
+    ) -> None:
+        super().__init__()
+        if packing is not None and (not isinstance(packing, Packing) or access == "map"):
+            raise ValueError(
+                f"packing must be a Packing(column, length, separator) read with access='iterable', not {packing!r} "
+                f"with access={access!r}"
+            )
+        self.packing = packing
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+        if last not in LAST_MODES:
+            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
+        check_read_ahead(read_ahead)
+        if multiprocessing_context not in (None, "forkserver", "spawn"):
+            raise ValueError(
+                f"multiprocessing_context {multiprocessing_context!r} is not supported: table readers cannot "
+                "continue in a process forked after its parent opened a table; use 'forkserver' (the default) "
+                "or 'spawn'"
+            )
+        self.tables: dict[Stage, TableSpec] = {}
+        stages: tuple[tuple[Stage, TableSpec | str | None], ...] = (
+            ("train", train),
+            ("val", val),
+            ("test", test),
+            ("predict", predict),
+        )
+        for stage, table in stages:
+            if table is not None:
+                self.tables[stage] = _with_options(as_spec(table, storage_options), columns, filter)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.policy = as_policy(policy, seed)
+        self.last: Last = last
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
+        if self.multiprocessing_context == "forkserver":
+            # Workers fork from a server that imported these once, so each starts in milliseconds
+            # instead of importing torch again; the server only imports, it never opens a table.
+            multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning.datasets.table"])
+        self.even_batches = even_batches
+        self.read_ahead = read_ahead
+        if access not in ("iterable", "map"):
+            raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
+        self.access = access
+        self.seed = seed
+        self.transform = transform
+        # Lightning warns that any IterableDataset's length "could be inaccurate" with workers; a
+        # SpiralLoader's length is the rank's exact batch count, so the warning would only mislead.
+        warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
+        for spec in self.tables.values():
+            # Opened once here, in the process that builds the DataModule, so an unknown column,
+            # media column or filter fails now rather than inside a rank or a DataLoader worker. A
+            # table not written yet is left to prepare_data, Lightning's place for writing it;
+            # setup opens it in the main process of each rank before any worker starts.
+            try:
+                open_source(spec.resolve())
+            except FileNotFoundError:
+                continue
+        self.datasets: dict[Stage, TableDataset] = {}
+        self.map_train: TableMapDataset | None = None
+        self._train_loader: SpiralLoader | None = None
+        self._restored: dict[str, Any] | None = None
+
+    def _rank(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def setup(self, stage: str) -> None:
+        """Build the datasets of ``stage`` (fit, validate, test or predict) for this rank."""
+        rank, world_size = self._rank()
+        for name in _STAGES[stage]:
+            if name not in self.tables:
+                continue
+            pinned = self._pinned(self.tables[name])
+            if name == "train" and self.packing is not None:
+                self.datasets[name] = self._packed(pinned, self.packing, rank, world_size)
+                continue
+            evaluates = name != "train"
+            self.datasets[name] = TableDataset(
+                pinned,
+                batch_size=self.batch_size,
+                last=self.last,
+                policy=self.policy,
+                rank=rank,
+                world_size=world_size,
+                read_ahead=self.read_ahead,
+                transform=WithValid(self.transform) if evaluates else self.transform,
+            )
+            if evaluates:
+                check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
+        if stage == "fit" and "train" not in self.tables:
+            raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
+        if stage == "fit" and self.access == "map":
+            self.map_train = TableMapDataset(self.datasets["train"].spec)
+        if self._restored is not None and "train" in self.datasets:
+            self._check_version(self._restored, self.datasets["train"])
+
+    def _packed(self, spec: TableSpec, packing: Packing, rank: int, world_size: int) -> PackedDataset:
+        """The train dataset of rank ``rank`` of ``world_size``, packing the pinned table ``spec``
+        as ``packing`` says."""
+        return PackedDataset(
+            spec,
+            column=packing.column,
+            length=packing.length,
+            separator=packing.separator,
+            batch_size=self.batch_size,
+            last=self.last,
+            policy=self.policy,
+            rank=rank,
+            world_size=world_size,
+            read_ahead=self.read_ahead,
+            transform=self.transform,
+        )
+
+    def _pinned(self, spec: TableSpec) -> TableSpec:
+        """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
+        if self.trainer is None:
+            return spec.resolve()
+        # The whole spec travels: a Parquet version lives in its files, not in its uri.
+        resolved = spec.resolve() if self.trainer.global_rank == 0 else spec
+        shared: TableSpec = self.trainer.strategy.broadcast(resolved, src=0)
+        return shared
+
+    def _dataset(self, stage: Stage) -> TableDataset:
+        if stage not in self.datasets:
+            if stage not in self.tables:
+                raise ValueError(f"SpiralDataModule has no {stage} table; pass {stage}='spiral:<root>'")
+            raise RuntimeError(f"call setup() before asking for the {stage} dataloader")
+        return self.datasets[stage]
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "multiprocessing_context": self.multiprocessing_context,
+            # Persistent workers start their shared-memory managers once (see send_by_name).
+            "worker_init_fn": send_by_name if self.persistent_workers else None,
+        }
+
+    def train_dataloader(self) -> SpiralLoader:
+        if self.map_train is not None:
+            return self._map_loader(self.map_train)
+        dataset = self._dataset("train")
+        epoch = self._epoch()
+        restored, replanned = self._take_restored(dataset, partial(self._replan, dataset))
+        done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
+        loader = SpiralLoader(
+            dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
+        )
+        if replanned is not None:
+            loader.continue_replanned(replanned.epoch, replanned.batches)
+        elif restored is not None:
+            self._restore(loader, restored)
+        self._train_loader = loader
+        return loader
+
+    def _take_restored(
+        self, dataset: TableDataset | TableMapDataset, replan: Callable[[dict[str, Any]], Position | None]
+    ) -> tuple[dict[str, Any] | None, Position | None]:
+        """The checkpoint state the train loader resumes from, taken once, and the position
+        ``replan`` makes of it when it was saved under another topology or inside a re-plan."""
+        restored, self._restored = self._restored, None
+        if restored is None:
+            return None, None
+        self._check_version(restored, dataset)
+        return restored, replan(restored) if self._replans(restored) else None
+
+    def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
+        """The train loader of ``access="map"``: batches of rows drawn by a sampler that shuffles
+        the table with ``(seed, epoch)`` and deals every rank its own share; the sampler's position
+        is part of the loader's state, so a resume continues the epoch's order."""
+        rank, world_size = self._rank()
+        # Dropping the last rows (fewer than one per rank) keeps ranks equal without the repeated
+        # rows that DistributedSampler pads with otherwise.
+        sampler = ReplannedSampler(dataset, world_size=world_size, rank=rank, seed=self.seed)
+        dropped = len(dataset) - len(sampler) * world_size
+        if dropped:
+            rank_zero_info(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
+
+        def prepare(epoch: int) -> int:
+            sampler.set_epoch(epoch)
+            if self.last == "require_full":
+                return len(sampler) // self.batch_size
+            return -(-len(sampler) // self.batch_size)
+
+        epoch = self._epoch()
+        restored, replanned = self._take_restored(dataset, partial(self._replan_map, sampler))
+        done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
+        loader = SpiralLoader(
+            dataset,
+            batches=prepare(epoch) + done,
+            epoch=self._epoch,
+            prepare=prepare,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.last == "require_full",
+            collate_fn=None if self.transform is None else _TransformedCollate(self.transform),
+            **self._options(),
+        )
+        if replanned is not None:
+            loader.continue_replanned(replanned.epoch, replanned.batches)
+        elif restored is not None:
+            self._restore(loader, restored)
+        self._train_loader = loader
+        return loader
+
+    def _replan_map(self, sampler: ReplannedSampler, state: dict[str, Any]) -> Position | None:
+        """Deal the row numbers that ``state``'s ranks had not delivered in their sampler order
+        to this run's ranks (see ``elastic_map``): the epoch and the batches it had delivered,
+        or ``None`` when no rank had started reading."""
+        positions = [rank["position"] for rank in state["ranks"]]
+        if all(position is None for position in positions):
+            return None
+        if any(position is None for position in positions):
+            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
+        epoch = positions[0]["epoch"]
+        if any(position["epoch"] != epoch for position in positions):
+            raise ValueError(
+                f"the checkpoint's ranks stopped in different epochs {[p['epoch'] for p in positions]}; "
+                "an access='map' position is re-planned only when every rank stopped in one epoch"
+            )
+        rows = len(sampler.dataset)
+        lineage = MapLineage(rows, self.seed, epoch)
+        if "lineage" in state:
+            lineage = MapLineage.from_dict(state["lineage"])
+            if (lineage.rows, lineage.seed, lineage.epoch) != (rows, self.seed, epoch):
+                raise ValueError(
+                    f"the checkpoint's map re-plan lineage is of {lineage.rows} rows, seed {lineage.seed} and epoch "
+                    f"{lineage.epoch}; this run reads {rows} rows with seed {self.seed} in epoch {epoch}: resume "
+                    "with the seed and table that saved it"
+                )
+        delivered = tuple((position["batches"] - lineage.batches) * self.batch_size for position in positions)
+        link = MapLink(state["world_size"], delivered)
+        dropped = sampler.replan(lineage.then(link, positions[0]["batches"]))
+        rank_zero_info(
+            f"SpiralDataModule: re-planned access='map' epoch {epoch}, saved by {state['world_size']} ranks, for "
+            f"{sampler.num_replicas} ranks" + (f", leaving out {dropped} rows of it for equal ranks" if dropped else "")
+        )
+        return Position(epoch, positions[0]["batches"], {})
+
+    def _replan(self, dataset: TableDataset, state: dict[str, Any]) -> Position | None:
+        """Share the rows that ``state``'s consumers had not delivered among this run's: the
+        epoch and the batches it had delivered, or ``None`` when no rank had started reading."""
+        positions = [rank["position"] for rank in state["ranks"]]
+        if all(position is None for position in positions):
+            return None
+        if any(position is None for position in positions):
+            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
+        dataset.load_elastic(_consumers(state), lineage=state.get("lineage"))
+        rank_zero_info(
+            f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
+            f"num_workers={state['num_workers']}, for {dataset.world_size} ranks with num_workers={self.num_workers}"
+        )
+        return Position(dataset.epoch, positions[0]["batches"], {})
+
+    def val_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
+        return self._eval_loader("predict")
+
+    def _eval_loader(self, stage: Stage) -> SpiralLoader | list[SpiralLoader]:
+        """The loader of ``stage``; no loaders (an empty list, which Lightning skips) when the
+        DataModule has no table for it, so fitting without a val table trains without validating.
+
+        With ``even_batches`` and more than one rank, every rank yields the batches of the rank
+        with the most, the others ending with padding batches (see ``padding``). A collective:
+        Lightning asks every rank for the loader at the same point."""
+        if stage not in self.tables and stage == "val":
+            return []
+        dataset = self._dataset(stage)
+        mine = dataset.batches(self.num_workers)
+        if not self.even_batches or self.trainer is None or self.trainer.world_size == 1:
+            return SpiralLoader(dataset, batches=mine, **self._options())
+        strategy = self.trainer.strategy
+        counts = strategy.all_gather(torch.tensor([mine], device=strategy.root_device)).flatten().tolist()
+        if min(counts) == max(counts):
+            return SpiralLoader(dataset, batches=mine, **self._options())
+        rank_zero_info(f"SpiralDataModule: {padding_note(stage, counts)}")
+        # Read by every rank alike, so a transform that drops the mask fails on all of them at
+        # once, rather than leaving the ranks that do not pad waiting for the one that failed.
+        pad = padding_batch(dataset, stage)
+        return SpiralLoader(dataset, batches=max(counts), pad=pad, **self._options())
+
+    def _epoch(self) -> int:
+        return 0 if self.trainer is None else self.trainer.current_epoch
+
+    def _prepare(self, epoch: int) -> int:
+        """Set the train dataset up for ``epoch``: its work lists and, for even batches, the
+        quota of every consumer. The rank's batches in that epoch."""
+        dataset = self._dataset("train")
+        dataset.set_epoch(epoch)
+        # Every rank prepares every epoch at the same point, so the counts can be shared.
+        dataset.count_shared(self.num_workers)
+        if self.even_batches and dataset.world_size > 1:
+            quota, dropped = dataset.even_rows(self.num_workers)
+            if quota != dataset.rows_per_consumer:
+                dataset.set_rows_per_consumer(quota)
+            consumers = dataset.world_size * max(1, self.num_workers)
+            note, warn = even_note(epoch, consumers, quota, dropped, self.batch_size)
+            (rank_zero_warn if warn else rank_zero_info)(f"SpiralDataModule: {note}")
+        return dataset.batches(self.num_workers)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's training position with the settings it is valid for.
+
+        A collective when there is more than one rank: Lightning calls it on every rank whenever
+        it saves a checkpoint, and each rank contributes its own position.
+        """
+        loader = self._train_loader
+        if loader is None:
+            return {}
+        rank, world_size = self._rank()
+        position = loader.position()
+        # Plain values only: checkpoints load with torch's weights-only unpickler.
+        mine = {"rank": rank, "position": None if position is None else position._asdict()}
+        ranks: list[Any] = [mine]
+        if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * world_size
+            torch.distributed.all_gather_object(ranks, mine)
+        state = {
+            "format": STATE_FORMAT,
+            "version": loader.table.spec.version,
+            "world_size": world_size,
+            "num_workers": self.num_workers,
+            "ranks": ranks,
+        }
+        lineage = self._lineage(loader)
+        if lineage is not None:
+            # Once per checkpoint: the consumers' states name it by digest.
+            state["lineage"] = lineage
+        return state
+
+    @staticmethod
+    def _lineage(loader: SpiralLoader) -> dict[str, Any] | None:
+        """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
+        if isinstance(loader.table, TableDataset):
+            return loader.table.lineage()
+        sampler = loader.sampler
+        if isinstance(sampler, ReplannedSampler) and sampler.lineage is not None:
+            return sampler.lineage.to_dict() if sampler.lineage.epoch == sampler.epoch else None
+        return None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the positions of a checkpoint; each rank restores its own into its train loader.
+        ``ValueError`` when they were saved under another world size, worker count or table version."""
+        if state_dict.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"unknown SpiralDataModule state format {state_dict.get('format')!r}; this version reads {STATE_FORMAT}"
+            )
+        if len(state_dict["ranks"]) != state_dict["world_size"]:
+            raise ValueError(
+                f"the checkpoint holds {len(state_dict['ranks'])} positions for {state_dict['world_size']} ranks"
+            )
+        # The re-planned epoch has another length than the ones after it, which Lightning only
+        # learns from a train loader made anew; the Trainer sets this attribute at run time.
+        trainer: Any = self.trainer
+        if self._replans(state_dict) and trainer is not None and not trainer.reload_dataloaders_every_n_epochs:
+            trainer.reload_dataloaders_every_n_epochs = 1
+        if "train" in self.datasets:
+            self._check_version(state_dict, self.datasets["train"])
+        self._restored = state_dict
+
+    @staticmethod
+    def _check_version(state: dict[str, Any], dataset: TableDataset | TableMapDataset) -> None:
+        if state["version"] != dataset.spec.version:
+            raise ValueError(
+                f"the checkpoint was saved reading table version {state['version']}, but this run reads version "
+                f"{dataset.spec.version} ({dataset.spec.uri}); a position is only valid in the version it was "
+                "saved in: train on that version, or start this one without ckpt_path"
+            )
+
+    def _replans(self, state: dict[str, Any]) -> bool:
+        """Whether ``state``'s positions continue through a re-planned remainder: saved under
+        another world size or worker count, or inside an epoch that was re-planned before."""
+        if state["world_size"] != self._rank()[1] or state["num_workers"] != self.num_workers:
+            return True
+        if self.access == "map":
+            return "lineage" in state
+        return any("remainder" in consumer for consumer in _consumers(state))
+
+    def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
+        rank, _ = self._rank()
+        saved = state["ranks"][rank]
+        if saved["rank"] != rank:
+            raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
+        if saved["position"] is not None:
+            loader.restore(Position(**saved["position"]))
+
+
+def _consumers(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every consumer's dataset state in a SpiralDataModule state, rank by rank."""
+    return [
+        consumer
+        for rank in state["ranks"]
+        if rank["position"] is not None
+        for consumer in consumer_states(rank["position"]["loader"])
+    ]
+
+
+class _TransformedCollate:
+    """torch's default collate, then a DataModule's ``transform`` on the batch: what a worker
+    does with the rows a sampler drew under ``access="map"`` (a class, so that it pickles)."""
+
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
+        self.transform = transform
+
+    def __call__(self, rows: list[Any]) -> Any:
+        return self.transform(default_collate(rows))
+
+
+def _with_options(spec: TableSpec, columns: Sequence[str] | None, filter: Any) -> TableSpec:
+    """``spec`` with the DataModule's columns and filter, which must not contradict its own."""
+    if columns is not None:
+        if spec.columns is not None and spec.columns != tuple(columns):
+            raise ValueError(
+                f"the table {spec.uri!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
+            )
+        spec = dataclasses.replace(spec, columns=tuple(columns))
+    if filter is not None:
+        # Identity, not equality: spiral expressions overload == to build a new expression.
+        if spec.filter is not None and spec.filter is not filter:
+            raise ValueError(
+                f"the table {spec.uri!r} has its own filter {spec.filter}, and the DataModule gives {filter}"
+            )
+        spec = dataclasses.replace(spec, filter=filter)
+    return spec

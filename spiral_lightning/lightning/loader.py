@@ -1,0 +1,159 @@
+"""SpiralLoader: the StatefulDataLoader a SpiralDataModule hands to Lightning.
+
+It reports its length in batches, follows the Trainer's epoch, pads an evaluation rank up to
+the batch count of the rank with the most, and keeps its position out of Lightning's own loop
+state, which holds rank 0's loader state only and would give it to every rank on resume. The
+DataModule saves and restores each rank's real position instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spiral_lightning.datasets.mapstyle import TableMapDataset
+from spiral_lightning.datasets.table import TableDataset
+
+#: What the loader gives Lightning's fit loop in place of a position: a marker that names where
+#: the real positions live, so a checkpoint never holds one rank's position as if it were all.
+LOOP_STATE = {"spiral_lightning": "every rank's position is in the SpiralDataModule entry of this checkpoint"}
+
+
+def consumer_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every consumer's ``TableDataset`` state inside a ``StatefulDataLoader`` state: the main
+    process's when the loader read without workers, else each worker's in worker order."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:
+        if "dataset_state" not in loader_state:
+            raise ValueError("the loader state holds no dataset state; it was not saved by a StatefulDataLoader")
+        return [loader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[f"worker_{worker}"]["dataset_state"] for worker in range(len(workers))]
+
+
+class Position(NamedTuple):
+    """One rank's place in training: ``batches`` of epoch ``epoch`` delivered, and ``loader``,
+    torchdata's loader state with every worker's cursor."""
+
+    epoch: int
+    batches: int
+    loader: dict[str, Any]
+
+
+class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``, or with a
+    ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
+
+    ``len`` is ``batches``, the exact batches of this rank in the epoch, so Lightning counts the
+    epoch, its progress bar and its limits in batches rather than rows. ``epoch`` (when given)
+    returns the epoch to read; before each iteration the loader asks ``prepare`` to set the
+    dataset up for that epoch, and ``prepare`` returns the epoch's batches, which must equal
+    ``batches`` because Lightning fixed the epoch's length when it first asked.
+
+    ``position`` / ``restore`` are this rank's real state (a ``Position``; ``continue_replanned``
+    for an epoch re-planned under another topology), while
+    ``state_dict`` / ``load_state_dict``, which Lightning's fit loop calls, only write and accept
+    ``LOOP_STATE``. A restored position continues its epoch when the loader next reads that
+    epoch. A finished one (saved after the epoch's last batch) makes the next read start the
+    following epoch: Lightning resumes there, and reads it from the iterator it made while its
+    epoch counter still named the finished epoch.
+
+    ``pad`` (an evaluation loader's padding batch, see ``padding``) follows the dataset's own
+    batches, a fresh copy each time, until the loader has yielded ``batches``: the count of the
+    rank with the most, so that every rank of a DDP evaluation steps the same number of times.
+    """
+
+    def __init__(
+        self,
+        dataset: TableDataset | TableMapDataset,
+        *,
+        batches: int,
+        epoch: Callable[[], int] | None = None,
+        prepare: Callable[[int], int] | None = None,
+        batch_size: int | None = None,
+        pad: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(dataset, batch_size=batch_size, **options)
+        self.table = dataset
+        self.batches = batches
+        self._pad = pad
+        self._epoch = epoch
+        self._prepare = prepare
+        self._pending: Position | None = None
+        self._reading: int | None = None
+        self._yielded = 0
+        self._replanned: Position | None = None
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[Any]:
+        # Setting up runs on the first next(), not here: Lightning creates every iterator before
+        # its loop, and an error raised while it creates them is hidden behind its own clean-up
+        # error ("Please call `iter(combined_loader)` first"); raised from next() it is not.
+        return self._read()
+
+    def _read(self) -> Iterator[Any]:
+        if self._epoch is not None:
+            epoch = self._epoch()
+        else:
+            epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.epoch == epoch and pending.batches >= self.batches:
+            epoch, pending = epoch + 1, None
+        if self._prepare is not None:
+            replanned = self._replanned
+            batches = self._prepare(epoch) + (replanned.batches if replanned and replanned.epoch == epoch else 0)
+            if batches != self.batches:
+                raise ValueError(
+                    f"epoch {epoch} has {batches} batches on this rank, but the loader reported "
+                    f"{self.batches} when Lightning sized the epoch; the policy's shares change with the epoch, "
+                    "so set Trainer(reload_dataloaders_every_n_epochs=1)"
+                )
+        self._yielded = 0
+        if pending is not None and pending.epoch == epoch:
+            if pending.loader:
+                super().load_state_dict(pending.loader)
+            self._yielded = pending.batches
+        self._reading = epoch
+        for batch in super().__iter__():
+            self._yielded += 1
+            yield batch
+        if self._pad is not None:
+            while self._yielded < self.batches:
+                self._yielded += 1
+                # A copy each time: a step that changes its batch in place must not change the next.
+                yield copy.deepcopy(self._pad)
+
+    def position(self) -> Position | None:
+        """Where this loader is: ``None`` before it first reads."""
+        if self._pending is not None:
+            return self._pending
+        if self._reading is None:
+            return None
+        return Position(self._reading, self._yielded, super().state_dict())
+
+    def restore(self, position: Position) -> None:
+        """Continue from ``position`` when next reading (see the class)."""
+        self._pending = position
+
+    def continue_replanned(self, epoch: int, batches: int) -> None:
+        """Continue epoch ``epoch``, of which ``batches`` were delivered before a stop, from the
+        dataset's re-planned remainder (``TableDataset.load_elastic``): the loader's length is
+        then those batches plus the remainder's, as Lightning counts the epoch."""
+        self._replanned = Position(epoch, batches, {})
+        self._pending = self._replanned
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(LOOP_STATE)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict != LOOP_STATE:
+            raise ValueError(
+                "this checkpoint's fit-loop loader state was not written by a SpiralDataModule, so it "
+                "may hold rank 0's position only; resume from a checkpoint saved with SpiralDataModule"
+            )
