@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 import torch
 
 from spiral_lightning import SpiralDataModule
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.demos.tabular import demo_table
 
 

@@ -8,7 +8,6 @@ position; the next ``train_loader`` of a restarted run reads its own file back.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -23,7 +22,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset, even_note
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
+from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
 from spiral_lightning.reading.tensors import to_torch
@@ -87,7 +88,7 @@ def train_loader(
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     dataset = TableDataset(
-        _pinned(as_spec(spec, storage_options)),
+        pinned(as_spec(spec, storage_options), rank, torch_broadcast if distributed() else None),
         batch_size=batch_size,
         last=last,
         policy=policy,
@@ -123,29 +124,13 @@ class _EvenLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
     def __iter__(self) -> Any:
         dataset: TableDataset = self.dataset
         # Every worker of the Ray Train group starts each epoch, so the counts can be shared.
-        dataset.count_shared(self.num_workers)
-        quota, left_out = dataset.even_rows(self.num_workers)
-        dataset.set_rows_per_consumer(quota if self._limit is None else min(quota, self._limit))
+        even = even_epoch(dataset, self.num_workers, dataset.batch_size, self._limit)
         if dataset.rank == 0:
-            consumers = dataset.world_size * max(1, self.num_workers)
-            note, warn = even_note(dataset.epoch, consumers, quota, left_out, dataset.batch_size)
-            if warn:
-                warnings.warn(f"train_loader: {note}", stacklevel=2)
+            if even.warn:
+                warnings.warn(f"train_loader: {even.note}", stacklevel=2)
             else:
-                _log.info("train_loader: %s", note)
+                _log.info("train_loader: %s", even.note)
         return super().__iter__()
-
-
-def _pinned(spec: TableSpec) -> TableSpec:
-    """``spec`` pinned to the version rank 0 resolves, so no rank reads a newer one."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return spec.resolve()
-    shared: list[TableSpec | None] = [spec.resolve() if torch.distributed.get_rank() == 0 else None]
-    torch.distributed.broadcast_object_list(shared, src=0)
-    pinned = shared[0]
-    if pinned is None:
-        raise RuntimeError("rank 0 sent no table version")
-    return dataclasses.replace(spec, uri=pinned.uri, files=pinned.files)
 
 
 def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
@@ -183,9 +168,10 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     dataset = _table(loader)
     paths = sorted(Path(folder).glob(STATE_FILES))
     first = torch.load(paths[0], weights_only=True) if paths else None
-    if isinstance(first, Mapping) and (
-        (first.get("world_size"), first.get("num_workers")) != (dataset.world_size, loader.num_workers)
-        or "lineage" in first
+    if isinstance(first, Mapping) and needs_replan(
+        (first.get("world_size", -1), first.get("num_workers", -1)),
+        (dataset.world_size, loader.num_workers),
+        inside_replan="lineage" in first,
     ):
         _replan(dataset, loader.num_workers, paths)
         return

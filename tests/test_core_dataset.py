@@ -89,7 +89,7 @@ def test_set_epoch_is_recorded_and_a_restored_dataset_keeps_its_epoch(make_table
     restored.load_state_dict(dataset.state_dict())
     assert restored.epoch == 3
     assert [batch["id"][0].item() for batch in restored] == [100, 200]
-    with pytest.raises(ValueError, match="epoch must be non-negative"):
+    with pytest.raises(ValueError, match="epoch must be a non-negative int"):
         dataset.set_epoch(-1)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec
-from spiral_lightning.datasets.table import even_note
+from spiral_lightning.datasets.job import even_note
 from tests.loaders import stopped_and_resumed
 
 SIZES = [300, 40, 500, 160]

@@ -26,7 +26,8 @@ from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, 
 from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import check_same_topology
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.policies import policy_name, stripe
@@ -134,7 +135,7 @@ class Mixture(IterableDataset[Any]):
         for dataset in self.tables:
             # Each consumer moves its own tables through their passes, so a worker's tables must
             # not share their epochs with the other workers' (as a TableDataset pickled alone does).
-            dataset._keep_settings_private()
+            dataset.keep_settings_private()
         self._progress = [Progress()] * len(self.tables)
         # Whether each table's TableDataset state describes its current pass: a table not yet
         # read this epoch still holds the cursor of an earlier one.

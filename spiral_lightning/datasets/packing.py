@@ -13,10 +13,11 @@ import torch
 
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
-from spiral_lightning.core.state import State, check_cursor, check_saved
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.core.state import State, check_saved
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.lists import every_shard
-from spiral_lightning.planning.policies import policy_name, stripe
+from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.frames import Last, start_of
 from spiral_lightning.reading.packing import (
     PACKED_FORMAT,
@@ -192,7 +193,7 @@ class PackedDataset(TableDataset):
     def _packed_state(self, shard: Shard, position: PackPosition | None) -> State:
         # A table state whose cursor is the document of the next block and whose delivered are blocks.
         cursor = None if position is None else position.cursor
-        return replace(self._state(shard), work=self._packed_work, cursor=cursor, delivered=self._blocks, skipped=0)
+        return replace(self.state_of(shard), work=self._packed_work, cursor=cursor, delivered=self._blocks, skipped=0)
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's next block and the settings it is valid for, as plain values."""
@@ -240,19 +241,13 @@ class PackedDataset(TableDataset):
         self._restored = (saved, offset)
 
     def __iter__(self) -> Iterator[Any]:
-        shard, items, work = self._begin()
+        shard, items, work = self.begin()
         restored, self._restored = self._restored, None
         position = PackPosition(start_of(items))
         delivered = 0
         saved, offset = restored if restored is not None else (None, 0)
         if saved is not None and saved.cursor is not None:
-            if saved.work != work:
-                raise ValueError(
-                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
-                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
-                    "the policy must depend only on the plan, the shard and the epoch"
-                )
-            check_cursor(saved.cursor, items)
+            self.check_resume("PackedDataset", saved, shard, work, items)
             position, delivered = PackPosition(saved.cursor, offset), saved.delivered
         self._packed_work = work
         self._next = partial(PackPosition, *position)

@@ -3,65 +3,38 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch.distributed
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.media import Where, left_to_decode
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, fingerprint
 from spiral_lightning.core.sequences import TooLong
-from spiral_lightning.core.spec import TableSpec, as_spec
-from spiral_lightning.core.state import Cursor, State, check_cursor
+from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.core.state import Cursor, State
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options
-from spiral_lightning.planning.elastic import remainder_of, replan
-from spiral_lightning.planning.lineage import Lineage, check_lineage
+from spiral_lightning.planning.elastic import replan
+from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
-from spiral_lightning.planning.policies import Shuffled, as_policy, balanced, policy_name, stripe, window_key
-from spiral_lightning.reading.ahead import ReadAhead
+from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, stripe, window_key
 from spiral_lightning.reading.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
 from spiral_lightning.reading.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
 from spiral_lightning.reading.transfer import handed_on
-from spiral_lightning.reading.watchdog import watch
-from spiral_lightning.sources import Reader, Source, open_source
+from spiral_lightning.sources import Reader
 
 #: Work items counted in one call of ``Source.count``: bounds the lists a count builds at once.
 _COUNT_CALL = 65_536
 
-#: Read batches a ``TableDataset`` reads ahead of its consumer by default (see ``read_ahead``).
-DEFAULT_READ_AHEAD = 2
 
-
-def check_read_ahead(read_ahead: int) -> None:
-    """``ValueError`` unless ``read_ahead`` is a read-ahead depth: a non-negative int."""
-    if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
-        raise ValueError(f"read_ahead must be a non-negative int (0 reads in line), not {read_ahead!r}")
-
-
-def even_note(epoch: int, consumers: int, quota: int, left_out: int, batch_size: int | None) -> tuple[str, bool]:
-    """What even batches do to an epoch, in one line to log on rank 0, and whether it is worth a
-    warning: more rows left out than one batch per consumer (a policy that shares rows unevenly,
-    such as ``stripe`` on splits of unequal size, or a filter that keeps unevenly)."""
-    note = (
-        f"even batches in epoch {epoch}: each of the {consumers} consumers reads {quota} rows, "
-        f"leaving out {left_out} rows of this epoch"
-    )
-    if left_out <= consumers * (batch_size or 1):
-        return note, False
-    return (
-        f"{note}, more than a batch per consumer; the policy 'balanced' shares stored rows equally, "
-        "and even_batches=False reads every row in batch counts that may differ between ranks",
-        True,
-    )
-
-
-class TableDataset(IterableDataset[Any]):
+class TableDataset(Consumer, IterableDataset[Any]):
     """The rows of one table version, each consumer reading only its own work list.
 
     A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
@@ -123,114 +96,64 @@ class TableDataset(IterableDataset[Any]):
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
-        check_read_ahead(read_ahead)
-        if (rank is None) != (world_size is None):
-            raise ValueError("pass rank and world_size together, or neither")
-        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        self.rank = 0 if rank is None else rank
-        self.world_size = 1 if world_size is None else world_size
-        Shard(self.rank, self.world_size).check()
-        self.spec = as_spec(spec, storage_options).resolve()
-        if self.spec.media and collate is None:
-            raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
         self.batch_size = batch_size
         self.last: Last = last
-        self.policy = as_policy(policy)
+        # Opens the source here, in the process that builds the dataset, so an unknown column,
+        # media column or filter fails now rather than later inside a DataLoader worker.
+        super().__init__(
+            spec,
+            policy=policy,
+            rank=rank,
+            world_size=world_size,
+            read_ahead=read_ahead,
+            storage_options=storage_options,
+        )
+        if self.spec.media and collate is None:
+            raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
         self.collate = collate
         self.transform = transform
-        self.read_ahead = read_ahead
-        # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
-        # memory (torch pickles tensors for worker processes by handle), so settings made here
-        # after the workers started still reach them.
-        self._settings = torch.tensor([0, -1], dtype=torch.int64)
-        self._share_settings = True
         self._resume: State | None = None
         self._cursor: Cursor | None = None
         self._work: str | None = None
         self._delivered = 0
         self.skipped = 0
-        self._remainder: Plan | None = None
-        self._remainder_epoch = 0
-        self._lineage: Lineage | None = None
-        self._source: Source | None = None
-        self._source_pid: int | None = None
-        self._ahead: ReadAhead | None = None
-        self._owner_pid: int | None = None
         self._counts: dict[str, int] = {}
         self._unit_rows: dict[str, np.ndarray] = {}
         self._rows_of: tuple[Plan, str, int, int, np.ndarray] | None = None
         self.set_rows_per_consumer(rows_per_consumer)
-        # Opened here, in the process that builds the dataset, so an unknown column, media column
-        # or filter fails now rather than later inside a DataLoader worker.
-        self.source()
         check_nulls(
             Nulls(self.spec.null_fill, self.spec.null_mask), self.source().schema, self.spec.uri, self.spec.padded
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if self._share_settings:
-            # In place, once: the copies pickled for workers then share the settings.
-            self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        else:
-            state["_settings"] = self._settings.tolist()
-        state["_source"] = None
-        state["_source_pid"] = None
-        state["_ahead"] = None
+        state = super().__getstate__()
         # Counts are the main process's business, and may be large.
         state["_unit_rows"] = {}
         state["_rows_of"] = None
-        # The process that pickles a dataset for its workers is the one they must not outlive.
-        state["_owner_pid"] = os.getpid()
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if not isinstance(self._settings, torch.Tensor):
-            self._settings = torch.tensor(self._settings, dtype=torch.int64)
-
-    def _keep_settings_private(self) -> None:
-        """Pickle the epoch and quota by value from now on, for an owner that sets them in each
-        consumer (a ``Mixture`` moves each consumer's tables through their passes separately)."""
-        self._share_settings = False
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, not {epoch}")
         if epoch != self.epoch:
             # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
-            # remainder stays, for its epoch only (see _replanned): a Mixture moves a table's epoch
+            # remainder stays, for its epoch only (see replanned): a Mixture moves a table's epoch
             # from pass to pass and may iterate the re-planned pass again.
             self._cursor = None
             self._work = None
             self._delivered = 0
             self.skipped = 0
-        self._settings[0] = epoch
-
-    @property
-    def epoch(self) -> int:
-        """The epoch whose work lists this dataset reads (see ``set_epoch``)."""
-        return int(self._settings[0])
-
-    @property
-    def rows_per_consumer(self) -> int | None:
-        """Each consumer's quota of rows, ``None`` for none (see ``set_rows_per_consumer``)."""
-        rows = int(self._settings[1])
-        return None if rows < 0 else rows
+        super().set_epoch(epoch)
 
     def set_rows_per_consumer(self, rows: int | None) -> None:
         """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
         if rows is not None:
-            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-                raise ValueError(f"rows_per_consumer must be a non-negative int or None, not {rows!r}")
+            check_count("rows_per_consumer", rows, "or None")
             if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
                 raise ValueError(
                     f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
                     "so last='require_full' would fail on every consumer; round the quota down to a multiple"
                 )
-        self._settings[1] = -1 if rows is None else rows
+        super().set_rows_per_consumer(rows)
 
     def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as
@@ -242,45 +165,6 @@ class TableDataset(IterableDataset[Any]):
 
         loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options))
         return loader
-
-    def source(self) -> Source:
-        """The table version opened in this process (opened on first use)."""
-        pid = os.getpid()
-        if self._source is None or self._source_pid != pid:
-            self._source = open_source(self.spec)
-            self._source_pid = pid
-        return self._source
-
-    def reader(self) -> Reader:
-        """What this process reads rows through: with ``read_ahead``, a thread that reads that
-        many read batches ahead through this process's source; else the source itself."""
-        source = self.source()
-        if not self.read_ahead:
-            return source
-        if self._ahead is None or self._ahead.source is not source or self._ahead.depth != self.read_ahead:
-            self._ahead = ReadAhead(source, self.read_ahead)
-        return self._ahead
-
-    def shard(self) -> Shard:
-        """This process's consumer: this rank, and the DataLoader worker when in one."""
-        info = get_worker_info()
-        if info is None:
-            return Shard(self.rank, self.world_size)
-        return Shard(self.rank, self.world_size, info.id, info.num_workers)
-
-    def work(self, shard: Shard | None = None) -> list[WorkItem]:
-        """The work list of ``shard`` (this process's consumer) in this epoch: the policy's, or
-        its share of a remainder that ``load_elastic`` re-planned."""
-        shard = shard or self.shard()
-        remainder = self._replanned()
-        if remainder is not None:
-            return balanced(remainder, shard)
-        return self.policy(self.source().splits, shard, self.epoch)
-
-    def _replanned(self) -> Plan | None:
-        """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
-        copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
-        return self._remainder if self._remainder_epoch == self.epoch else None
 
     def load_elastic(
         self,
@@ -304,31 +188,8 @@ class TableDataset(IterableDataset[Any]):
             self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
         )
         self.set_epoch(saved[0].epoch)
-        self._remainder = remainder.plan
-        self._remainder_epoch = saved[0].epoch
-        self._lineage = found
+        self.replan(remainder.plan, saved[0].epoch, found)
         self._resume = None
-
-    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
-        """Read, in its epoch, the remainder ``lineage`` (a ``lineage()``) describes, as the
-        consumers of its last re-plan do, so that their states, which name it, restore with
-        ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
-        re-plan again resumes so)."""
-        found = Lineage.from_dict(lineage)
-        if found.version != self.spec.version:
-            raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
-        self._remainder = remainder_of(self.source(), self.policy, found).plan
-        self._remainder_epoch = found.epoch
-        self._lineage = found
-
-    def lineage(self) -> dict[str, Any] | None:
-        """While this epoch continues a re-plan, what makes its remainder again (see
-        ``spiral_lightning.elastic``), as plain values: save it once beside every consumer's
-        ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
-        again. ``None`` in an epoch planned as usual."""
-        if self._replanned() is None or self._lineage is None:
-            return None
-        return self._lineage.to_dict()
 
     def __len__(self) -> int:
         """The exact rows this rank reads over all its workers (a rank's rows do not depend on its
@@ -401,9 +262,10 @@ class TableDataset(IterableDataset[Any]):
         """What this epoch's work lists are cut from when each rank has ``workers`` consumers:
         the plan and the policy (or a re-planned remainder shared with ``balanced``), and what
         names their units (``None`` for a policy planned one consumer at a time)."""
-        remainder = self._replanned()
-        if remainder is not None and self._lineage is not None:
-            return remainder, balanced, f"{unit_key(balanced, self.world_size, workers)} of {self._lineage.digest}"
+        remainder = self.replanned()
+        digest = self.lineage_digest()
+        if remainder is not None and digest is not None:
+            return remainder, balanced, f"{unit_key(balanced, self.world_size, workers)} of {digest}"
         key = unit_key(self.policy, self.world_size, workers)
         return as_plan(self.source().splits), self.policy, None if key is None else f"{key} of the plan"
 
@@ -453,7 +315,9 @@ class TableDataset(IterableDataset[Any]):
     def _capped(self, rows: int) -> int:
         return rows if self.rows_per_consumer is None else min(rows, self.rows_per_consumer)
 
-    def _state(self, shard: Shard) -> State:
+    def state_of(self, shard: Shard) -> State:
+        """The state of consumer ``shard`` as this dataset stands: its cursor and the settings it
+        is valid for (a kind built on this one, such as ``PackedDataset``, replaces the cursor)."""
         return State(
             version=self.spec.version,
             shard=shard,
@@ -465,50 +329,33 @@ class TableDataset(IterableDataset[Any]):
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
             skipped=self.skipped,
-            remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
+            remainder=self.lineage_digest(),
         )
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's cursor and the settings it is valid for, as plain values."""
         if self._resume is not None:
             return self._resume.to_dict()
-        return self._state(self.shard()).to_dict()
+        return self.state_of(self.shard()).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
         policy and quota; ``ValueError`` naming each setting that differs otherwise."""
         saved = State.from_dict(state)
-        saved.check_matches(self._state(self.shard()))
-        check_lineage("TableDataset", saved, self._lineage, self._remainder_epoch)
+        saved.check_matches(self.state_of(self.shard()))
+        self.check_lineage("TableDataset", saved)
         self._resume = saved
         self._settings[0] = saved.epoch
         if saved.remainder is None:
-            self._remainder = None
-
-    def _begin(self) -> tuple[Shard, list[WorkItem], str]:
-        """A pass's consumer, its work list and the list's fingerprint; in a DataLoader worker the
-        pass also starts watching the process that owns the worker."""
-        if self._owner_pid is not None and get_worker_info() is not None:
-            watch(self._owner_pid)
-        shard = self.shard()
-        items = self.work(shard)
-        return shard, items, fingerprint(items)
+            self.drop_replan()
 
     def __iter__(self) -> Iterator[Any]:
-        shard, items, work = self._begin()
+        shard, items, work = self.begin()
         resume, self._resume = self._resume, None
         cursor = start_of(items)
         delivered = 0
         if resume is not None and resume.cursor is not None:
-            if resume.work != work:
-                raise ValueError(
-                    f"the policy {policy_name(self.policy)} gives consumer {tuple(shard)} another work list in epoch "
-                    f"{self.epoch} (fingerprint {work}) than the state was saved with ({resume.work}); "
-                    "the policy must depend only on the plan, the shard and the epoch, and a state saved mid-epoch "
-                    "by an earlier spiral-lightning whose policy dealt otherwise (Shuffled before its block order "
-                    "became a Feistel bijection) resumes only with that version"
-                )
-            check_cursor(resume.cursor, items)
+            self.check_resume("TableDataset", resume, shard, work, items)
             cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
         else:
             skipped = 0

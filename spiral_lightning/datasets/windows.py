@@ -31,7 +31,8 @@ from torch.utils.data import IterableDataset
 from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic import replan, share_of
 from spiral_lightning.planning.lineage import Lineage, Remainder, check_lineage
 from spiral_lightning.planning.policies import policy_name, stripe
@@ -408,12 +409,7 @@ class WindowDataset(IterableDataset[Any]):
         self._position = None
         saved, lead = resume if resume is not None else (None, 0)
         if saved is not None and saved.cursor is not None:
-            if saved.work != work:
-                raise ValueError(
-                    f"the policy {policy_name(self.table.policy)} gives consumer {tuple(shard)} another work list in "
-                    f"epoch {self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
-                    "the policy must depend only on the plan, the shard and the epoch"
-                )
+            self.table.check_resume("WindowDataset", saved, shard, work, items)
             position = self._position = WindowPosition(saved.cursor, lead)
         self._work = work
         # The spec's nulls decide what its numeric columns' nulls become, as in TableDataset.

@@ -17,9 +17,11 @@ from torch.utils.data import default_collate
 
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead
+from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
-from spiral_lightning.datasets.table import DEFAULT_READ_AHEAD, TableDataset, check_read_ahead, even_note
+from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, padding_batch, padding_note
 from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
@@ -231,11 +233,8 @@ class SpiralDataModule(pl.LightningDataModule):
     def _pinned(self, spec: TableSpec) -> TableSpec:
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
         if self.trainer is None:
-            return spec.resolve()
-        # The whole spec travels: a Parquet version lives in its files, not in its uri.
-        resolved = spec.resolve() if self.trainer.global_rank == 0 else spec
-        shared: TableSpec = self.trainer.strategy.broadcast(resolved, src=0)
-        return shared
+            return pinned(spec, 0, None)
+        return pinned(spec, self.trainer.global_rank, self.trainer.strategy.broadcast)
 
     def _dataset(self, stage: Stage) -> TableDataset:
         if stage not in self.datasets:
@@ -413,12 +412,8 @@ class SpiralDataModule(pl.LightningDataModule):
         # Every rank prepares every epoch at the same point, so the counts can be shared.
         dataset.count_shared(self.num_workers)
         if self.even_batches and dataset.world_size > 1:
-            quota, dropped = dataset.even_rows(self.num_workers)
-            if quota != dataset.rows_per_consumer:
-                dataset.set_rows_per_consumer(quota)
-            consumers = dataset.world_size * max(1, self.num_workers)
-            note, warn = even_note(epoch, consumers, quota, dropped, self.batch_size)
-            (rank_zero_warn if warn else rank_zero_info)(f"SpiralDataModule: {note}")
+            even = even_epoch(dataset, self.num_workers, self.batch_size)
+            (rank_zero_warn if even.warn else rank_zero_info)(f"SpiralDataModule: {even.note}")
         return dataset.batches(self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
@@ -493,11 +488,12 @@ class SpiralDataModule(pl.LightningDataModule):
     def _replans(self, state: dict[str, Any]) -> bool:
         """Whether ``state``'s positions continue through a re-planned remainder: saved under
         another world size or worker count, or inside an epoch that was re-planned before."""
-        if state["world_size"] != self._rank()[1] or state["num_workers"] != self.num_workers:
-            return True
         if self.access == "map":
-            return "lineage" in state
-        return any("remainder" in consumer for consumer in _consumers(state))
+            inside = "lineage" in state
+        else:
+            inside = any("remainder" in consumer for consumer in _consumers(state))
+        saved = (state["world_size"], state["num_workers"])
+        return needs_replan(saved, (self._rank()[1], self.num_workers), inside_replan=inside)
 
     def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
         rank, _ = self._rank()

@@ -1,0 +1,238 @@
+"""The consumer core that every dataset kind builds on.
+
+A ``Consumer`` is one pinned table version read by the consumers of a job. It owns what every
+kind needs alike: the consumer this process is (rank and world size, and the DataLoader worker
+when in one), the source opened once in each process that reads, the reader (read ahead on a
+thread or not), the epoch and the quota shared with running workers, the work list (the
+policy's, or this consumer's share of a re-planned remainder), the lineage of that re-plan, and
+the checks a resumed state passes before a pass continues it. A kind adds its own iteration,
+state and counts on top, and reaches the core only through the methods below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch.distributed
+from torch.utils.data import get_worker_info
+
+from spiral_lightning.core.checks import check_count
+from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprint
+from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.state import Cursor, State, check_cursor
+from spiral_lightning.planning.elastic import remainder_of
+from spiral_lightning.planning.lineage import Lineage, check_lineage
+from spiral_lightning.planning.policies import as_policy, balanced, policy_name, stripe
+from spiral_lightning.reading.ahead import ReadAhead
+from spiral_lightning.reading.watchdog import watch
+from spiral_lightning.sources import Reader, Source, open_source
+
+#: Read batches read ahead of a consumer by default.
+DEFAULT_READ_AHEAD = 2
+
+
+def check_read_ahead(read_ahead: int) -> None:
+    """``ValueError`` unless ``read_ahead`` is a read-ahead depth: a non-negative int."""
+    check_count("read_ahead", read_ahead, "0 reads in line")
+
+
+class Consumer:
+    """One pinned table version read by a job's consumers, each its own work list.
+
+    ``spec`` (a spec or a uri, reached with ``storage_options``) is pinned here; ``policy`` (a
+    function or its name) deals work lists; rank and world size come from the arguments, else
+    from ``torch.distributed`` when it is initialized, else 0 and 1; ``read_ahead`` read batches
+    are read ahead on a thread. The source opens here, so a bad column or filter fails in the
+    process that builds the dataset, and again once in each process that reads.
+
+        core = Consumer("parquet:data/events", policy="balanced", rank=0, world_size=2)
+        items = core.work()  # this consumer's work list in core.epoch
+        batches = core.reader().read(items)
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec | str,
+        *,
+        policy: Policy | str = stripe,
+        rank: int | None = None,
+        world_size: int | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        check_read_ahead(read_ahead)
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass rank and world_size together, or neither")
+        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self.rank = 0 if rank is None else rank
+        self.world_size = 1 if world_size is None else world_size
+        Shard(self.rank, self.world_size).check()
+        self.spec = as_spec(spec, storage_options).resolve()
+        self.policy = as_policy(policy)
+        self.read_ahead = read_ahead
+        # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
+        # memory (torch pickles tensors for worker processes by handle), so settings made here
+        # after the workers started still reach them.
+        self._settings = torch.tensor([0, -1], dtype=torch.int64)
+        self._share_settings = True
+        self._remainder: Plan | None = None
+        self._remainder_epoch = 0
+        self._lineage: Lineage | None = None
+        self._source: Source | None = None
+        self._source_pid: int | None = None
+        self._ahead: ReadAhead | None = None
+        self._owner_pid: int | None = None
+        self.source()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
+        check_count("epoch", epoch)
+        self._settings[0] = epoch
+
+    def set_rows_per_consumer(self, rows: int | None) -> None:
+        """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
+        if rows is not None:
+            check_count("rows_per_consumer", rows, "or None")
+        self._settings[1] = -1 if rows is None else rows
+
+    def replan(self, remainder: Plan, epoch: int, lineage: Lineage) -> None:
+        """Read ``remainder`` (a re-planned epoch's undelivered rows) in ``epoch``, shared with
+        ``balanced`` cuts, and name it by ``lineage`` in states."""
+        self._remainder = remainder
+        self._remainder_epoch = epoch
+        self._lineage = lineage
+
+    def drop_replan(self) -> None:
+        """Plan the current epoch with the policy again (a state saved outside any re-plan)."""
+        self._remainder = None
+
+    def check_lineage(self, kind: str, saved: State) -> None:
+        """``ValueError`` unless ``saved`` names the re-plan this consumer reads, or none when it
+        reads none (see ``planning.lineage.check_lineage``)."""
+        check_lineage(kind, saved, self._lineage, self._remainder_epoch)
+
+    def lineage_digest(self) -> str | None:
+        """The digest of the re-plan this epoch continues, which states record; ``None`` outside one."""
+        return None if self.replanned() is None or self._lineage is None else self._lineage.digest
+
+    def check_resume(self, kind: str, saved: State, shard: Shard, work: str, items: Sequence[WorkItem]) -> Cursor:
+        """The cursor a pass continues ``saved`` from, after checking that it points into this
+        consumer's work list (``work`` is its fingerprint), naming ``kind`` in the error."""
+        if saved.work != work:
+            raise ValueError(
+                f"the policy {policy_name(self.policy)} gives {kind} consumer {tuple(shard)} another work list in "
+                f"epoch {self.epoch} (fingerprint {work}) than the state was saved with ({saved.work}); "
+                "the policy must depend only on the plan, the shard and the epoch, and a state saved mid-epoch "
+                "by an earlier spiral-lightning whose policy dealt otherwise (Shuffled before its block order "
+                "became a Feistel bijection) resumes only with that version"
+            )
+        assert saved.cursor is not None
+        check_cursor(saved.cursor, items)
+        return saved.cursor
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._share_settings:
+            # In place, once: the copies pickled for workers then share the settings.
+            self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        else:
+            state["_settings"] = self._settings.tolist()
+        state["_source"] = None
+        state["_source_pid"] = None
+        state["_ahead"] = None
+        # The process that pickles a dataset for its workers is the one they must not outlive.
+        state["_owner_pid"] = os.getpid()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not isinstance(self._settings, torch.Tensor):
+            self._settings = torch.tensor(self._settings, dtype=torch.int64)
+
+    def keep_settings_private(self) -> None:
+        """Pickle the epoch and quota by value from now on, for an owner that sets them in each
+        consumer (a ``Mixture`` moves each consumer's tables through their passes separately)."""
+        self._share_settings = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose work lists this dataset reads (see ``set_epoch``)."""
+        return int(self._settings[0])
+
+    @property
+    def rows_per_consumer(self) -> int | None:
+        """Each consumer's quota of rows, ``None`` for none (see ``set_rows_per_consumer``)."""
+        rows = int(self._settings[1])
+        return None if rows < 0 else rows
+
+    def source(self) -> Source:
+        """The table version opened in this process (opened on first use)."""
+        pid = os.getpid()
+        if self._source is None or self._source_pid != pid:
+            self._source = open_source(self.spec)
+            self._source_pid = pid
+        return self._source
+
+    def reader(self) -> Reader:
+        """What this process reads rows through: with ``read_ahead``, a thread that reads that
+        many read batches ahead through this process's source; else the source itself."""
+        source = self.source()
+        if not self.read_ahead:
+            return source
+        if self._ahead is None or self._ahead.source is not source or self._ahead.depth != self.read_ahead:
+            self._ahead = ReadAhead(source, self.read_ahead)
+        return self._ahead
+
+    def shard(self) -> Shard:
+        """This process's consumer: this rank, and the DataLoader worker when in one."""
+        info = get_worker_info()
+        if info is None:
+            return Shard(self.rank, self.world_size)
+        return Shard(self.rank, self.world_size, info.id, info.num_workers)
+
+    def work(self, shard: Shard | None = None) -> list[WorkItem]:
+        """The work list of ``shard`` (this process's consumer) in this epoch: the policy's, or
+        its share of a remainder that ``load_elastic`` re-planned."""
+        shard = shard or self.shard()
+        remainder = self.replanned()
+        if remainder is not None:
+            return balanced(remainder, shard)
+        return self.policy(self.source().splits, shard, self.epoch)
+
+    def replanned(self) -> Plan | None:
+        """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
+        copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
+        return self._remainder if self._remainder_epoch == self.epoch else None
+
+    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """Read, in its epoch, the remainder ``lineage`` (a ``lineage()``) describes, as the
+        consumers of its last re-plan do, so that their states, which name it, restore with
+        ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
+        re-plan again resumes so)."""
+        found = Lineage.from_dict(lineage)
+        if found.version != self.spec.version:
+            raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
+        self._remainder = remainder_of(self.source(), self.policy, found).plan
+        self._remainder_epoch = found.epoch
+        self._lineage = found
+
+    def lineage(self) -> dict[str, Any] | None:
+        """While this epoch continues a re-plan, what makes its remainder again (see
+        ``spiral_lightning.planning.elastic``), as plain values: save it once beside every consumer's
+        ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
+        again. ``None`` in an epoch planned as usual."""
+        if self.replanned() is None or self._lineage is None:
+            return None
+        return self._lineage.to_dict()
+
+    def begin(self) -> tuple[Shard, list[WorkItem], str]:
+        """A pass's consumer, its work list and the list's fingerprint; in a DataLoader worker the
+        pass also starts watching the process that owns the worker."""
+        if self._owner_pid is not None and get_worker_info() is not None:
+            watch(self._owner_pid)
+        shard = self.shard()
+        items = self.work(shard)
+        return shard, items, fingerprint(items)
