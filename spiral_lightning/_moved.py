@@ -38,7 +38,6 @@ MOVED: dict[str, tuple[str, ...]] = {
         "lists": ("planning.lists",),
         "loader": ("lightning.loader", "datasets.loader"),
         "mapstyle": ("datasets.mapstyle",),
-        "media": ("core.media", "media.decode"),
         "mixture": ("datasets.mixture",),
         "mixture_state": ("core.mixture_state",),
         "packing": ("datasets.packing",),

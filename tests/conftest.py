@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from spiral_lightning import TableSpec
 from tests.objectstore import S3Server, weed_binary
 from tests.tables import write_layout
+
+# Property tests draw the same examples every run by default, so a change is judged on the same
+# cases as the one before it; ./run-checks --full draws new ones each run (HYPOTHESIS_PROFILE=full).
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("full", derandomize=False, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Forkserver children are forked from a server that imported these once, so each DataLoader
 # worker starts quickly instead of importing torch again; the server never opens a table.
@@ -43,3 +51,29 @@ def s3_server() -> Iterator[S3Server]:
         pytest.fail(str(error), pytrace=False)
     with S3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[None]:
+    """One small local Ray for the whole session (two CPUs, a 200 MB object store): starting one
+    takes seconds, so every test that needs Ray shares it. Those tests are in the xdist group
+    ``ray`` (see ``pytest_collection_modifyitems``), so they share one test process too."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray
+
+    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+#: Tests that must run in one process of a parallel run: each group shares a resource there.
+GROUPS = {"local_ray": "ray", "saved_tables": "saved_states"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests that share a session resource into one xdist group (``--dist loadgroup``
+    sends a group to one worker), and let every other test go to any worker."""
+    for item in items:
+        for fixture, group in GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,9 @@ SPLITS = [300, 500, 200, 700, 300, 400]
 TOTAL = sum(SPLITS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    """One small local Ray for the whole module: two CPUs and a 200 MB object store."""
-    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def _ray(local_ray: None) -> None:
+    """Every test here reads through the session's local Ray."""
 
 
 def rank_ids(spec: TableSpec, rank: int, world_size: int) -> list[int]:

@@ -22,7 +22,7 @@ CASES: dict[str, Any] = json.loads((SAVED / "states.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def tables() -> tuple[str, str]:
+def saved_tables() -> tuple[str, str]:
     """The fixture tables copied back to where they were saved (a Parquet version digests each
     file's path and mtime, and a checkout sets its own mtimes)."""
     uris = []
@@ -54,22 +54,22 @@ BUILDERS: dict[str, Callable[[str, str], Any]] = {
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_a_state_saved_before_the_move_resumes_exactly(tables: tuple[str, str], name: str) -> None:
-    dataset = BUILDERS[name](*tables)
+def test_a_state_saved_before_the_move_resumes_exactly(saved_tables: tuple[str, str], name: str) -> None:
+    dataset = BUILDERS[name](*saved_tables)
     dataset.load_state_dict(CASES[name]["state"])
     assert ids(dataset, "tokens" if name == "packed" else "id") == CASES[name]["rest"]
 
 
-def test_an_elastic_replan_and_its_lineage_saved_before_the_move_resume_exactly(tables: tuple[str, str]) -> None:
+def test_an_elastic_replan_and_its_lineage_saved_before_the_move_resume_exactly(saved_tables: tuple[str, str]) -> None:
     case = CASES["elastic"]
     shares = []
     for rank in range(3):
-        dataset = TableDataset(tables[0], batch_size=4, policy=balanced, rank=rank, world_size=3)
+        dataset = TableDataset(saved_tables[0], batch_size=4, policy=balanced, rank=rank, world_size=3)
         dataset.load_elastic(case["saved"])
         shares.append(ids(dataset))
     assert shares == case["shares"]
     assert dataset.lineage() == case["lineage"]
-    resumed = TableDataset(tables[0], batch_size=4, policy=balanced, rank=0, world_size=3)
+    resumed = TableDataset(saved_tables[0], batch_size=4, policy=balanced, rank=0, world_size=3)
     resumed.load_lineage(case["lineage"])
     resumed.load_state_dict(case["state"])
     assert ids(resumed) == case["rest"]

@@ -6,7 +6,6 @@ metadata filters that read only metadata, a republished root refused in a spawne
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -315,22 +314,15 @@ def test_datamodule_trains_on_an_sds_table(spec: TableSpec, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_ray_reads_an_sds_table_as_its_rows(spec: TableSpec) -> None:
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    import ray
-
+def test_ray_reads_an_sds_table_as_its_rows(spec: TableSpec, local_ray: None) -> None:
     from ray_adapter import read_table
 
-    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
-    try:
-        blocks = read_table(TableSpec(spec.uri, filter=KEEP_LABELS), override_num_blocks=4)
-        batches = [
-            to_torch(block)
-            for table in blocks.iter_batches(batch_format="pyarrow", batch_size=None)
-            for block in table.to_batches()
-        ]
-    finally:
-        ray.shutdown()
+    blocks = read_table(TableSpec(spec.uri, filter=KEEP_LABELS), override_num_blocks=4)
+    batches = [
+        to_torch(block)
+        for table in blocks.iter_batches(batch_format="pyarrow", batch_size=None)
+        for block in table.to_batches()
+    ]
     assert sorted(i for batch in batches for i in batch["id"]) == kept()
     for batch in batches:
         assert batch["iq"].dtype == torch.complex64
