@@ -11,6 +11,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (and not a bool)."""
+    return is_int(value) and value >= 0
+
+
 def check_count(name: str, value: Any, note: str = "") -> int:
     """``value`` when it is a non-negative int; else ``ValueError`` naming ``name``, with ``note``
     (such as ``"or None"`` or ``"0 reads in line"``) said after what it takes."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from spiral_lightning.core.checks import is_count
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.state import check_saved
 
@@ -87,10 +88,10 @@ class MixtureState:
             data, "Mixture", MIXTURE_FORMAT, ("seed", "stop", "weights", "batch_size", "shard", "epoch", "tables")
         )
         for name in ("seed", "batch_size", "epoch"):
-            if not _is_count(data[name]):
+            if not is_count(data[name]):
                 raise ValueError(f"the Mixture state's {name} must be a non-negative int, not {data[name]!r}")
         shard = data["shard"]
-        if not isinstance(shard, list | tuple) or len(shard) != 4 or not all(_is_count(v) for v in shard):
+        if not isinstance(shard, list | tuple) or len(shard) != 4 or not all(is_count(v) for v in shard):
             raise ValueError(f"the Mixture state's shard must be 4 ints, not {shard!r}")
         weights = data["weights"]
         if not isinstance(weights, list | tuple) or not all(isinstance(w, float) for w in weights):
@@ -106,7 +107,7 @@ class MixtureState:
                     f"the Mixture state's tables[{index}] must hold passes, rows, empty and state, not {table!r}"
                 )
             for name in ("passes", "rows"):
-                if not _is_count(table[name]):
+                if not is_count(table[name]):
                     raise ValueError(
                         f"the Mixture state's tables[{index}].{name} must be a non-negative int, not {table[name]!r}"
                     )
@@ -152,7 +153,3 @@ def ended(stop: str, tables: tuple[Progress, ...] | list[Progress]) -> bool:
     a table read to its end under ``"first_exhausted"``, every table under ``"cycle"``."""
     passes = [progress.passes > 0 for progress in tables]
     return any(passes) if stop == "first_exhausted" else all(passes)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

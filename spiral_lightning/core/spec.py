@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from spiral_lightning.core import storage
 from spiral_lightning.core.backends import backend
+from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.media import ON_ERROR, Image, OnError, Video
 from spiral_lightning.core.sequences import Padded
 from spiral_lightning.core.storage import StorageOptions, masked
@@ -99,8 +100,7 @@ class TableSpec:
             isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 1
         ):
             raise ValueError(f"cache_bytes must be a positive int, not {self.cache_bytes!r}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
-            raise ValueError(f"prefetch must be a positive int (row groups in flight), not {self.prefetch!r}")
+        check_positive("prefetch", self.prefetch, "row groups in flight")
         if self.columns is not None:
             columns: Any = self.columns
             if isinstance(columns, str) or not isinstance(columns, Sequence):

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from spiral_lightning.core.checks import is_int
 from spiral_lightning.core.plan import Shard, WorkItem
 
 #: The version of the dictionary ``State.to_dict`` writes.
@@ -93,17 +94,17 @@ class State:
         if cursor is not None and min(cursor) < 0:
             raise ValueError(f"the state's cursor {cursor} has a negative position")
         batch_size = data["batch_size"]
-        if batch_size is not None and not _is_int(batch_size):
+        if batch_size is not None and not is_int(batch_size):
             raise TypeError(f"the state's batch_size must be an int or None, not {batch_size!r}")
-        if not _is_int(data["epoch"]) or data["epoch"] < 0:
+        if not is_int(data["epoch"]) or data["epoch"] < 0:
             raise ValueError(f"the state's epoch must be a non-negative int, not {data['epoch']!r}")
         quota, delivered = data.get("rows_per_consumer"), data.get("delivered", 0)
-        if quota is not None and (not _is_int(quota) or quota < 0):
+        if quota is not None and (not is_int(quota) or quota < 0):
             raise ValueError(f"the state's rows_per_consumer must be a non-negative int or None, not {quota!r}")
-        if not _is_int(delivered) or delivered < 0:
+        if not is_int(delivered) or delivered < 0:
             raise ValueError(f"the state's delivered must be a non-negative int, not {delivered!r}")
         skipped = data.get("skipped", 0)
-        if not _is_int(skipped) or skipped < 0:
+        if not is_int(skipped) or skipped < 0:
             raise ValueError(f"the state's skipped must be a non-negative int, not {skipped!r}")
         for name in ("version", "policy"):
             if not isinstance(data[name], str):
@@ -183,10 +184,6 @@ def check_same_topology(kind: str, saved: Shard, current: Shard) -> None:
     )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_saved(data: Any, kind: str, format: int, fields: Iterable[str]) -> None:
     """Check that ``data`` is a state a ``kind`` dataset saved in ``format`` with ``fields``:
     ``TypeError`` when it is no mapping, ``ValueError`` for another format, ``KeyError`` naming
@@ -201,7 +198,7 @@ def check_saved(data: Any, kind: str, format: int, fields: Iterable[str]) -> Non
 
 
 def _ints(value: Any, name: str, *lengths: int) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple) or len(value) not in lengths or not all(_is_int(v) for v in value):
+    if not isinstance(value, list | tuple) or len(value) not in lengths or not all(is_int(v) for v in value):
         counts = " or ".join(str(length) for length in lengths)
         raise ValueError(f"the state's {name} must be {counts} ints, not {value!r}")
     return tuple(value)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from spiral_lightning.core.checks import check_count
 from spiral_lightning.reading.transfer import send_by_name
 
 
@@ -22,8 +23,7 @@ def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, An
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
     ``forkserver`` workers (a parent that opened a table cannot fork), persistent so that start-up
     is paid once, sending their batches by shared-memory name (see ``send_by_name``)."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+    check_count("num_workers", num_workers)
     settings: dict[str, Any] = {"num_workers": num_workers}
     if num_workers:
         # Workers fork from a server that imported these once, so each starts in milliseconds.

@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
+from spiral_lightning.core.checks import check_positive, is_count
 from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
@@ -85,9 +86,8 @@ class Mixture(IterableDataset[Any]):
     ) -> None:
         if not tables:
             raise ValueError("a Mixture needs at least one (table, weight) pair")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-        if not _is_count(seed):
+        check_positive("batch_size", batch_size)
+        if not is_count(seed):
             raise ValueError(f"seed must be a non-negative int, not {seed!r}")
         if stop not in STOP_MODES:
             raise ValueError(f"stop must be one of {STOP_MODES}, not {stop!r}")
@@ -405,7 +405,3 @@ def _rows(batch: Any) -> int:
         return len(next(iter(batch.values())))
     rows: int = batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
     return rows
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

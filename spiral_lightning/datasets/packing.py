@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_saved
@@ -73,8 +74,7 @@ class PackedDataset(TableDataset):
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int (blocks per batch), not {batch_size!r}")
+        check_positive("batch_size", batch_size, "blocks per batch")
         packing = Packing(column, length, separator)
         super().__init__(
             _token_spec(as_spec(spec, storage_options), column),
@@ -228,9 +228,7 @@ class PackedDataset(TableDataset):
                 f"the PackedDataset state was saved packing another token stream ({differ}); restore it into a "
                 "dataset with the same column, length and separator"
             )
-        offset = state["offset"]
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"the PackedDataset state's offset must be a non-negative int, not {offset!r}")
+        offset = check_count("the PackedDataset state's offset", state["offset"])
         saved = State.from_dict(state["table"])
         if offset and saved.cursor is None:
             raise ValueError(

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import IterableDataset
 
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
@@ -63,8 +64,7 @@ class Windows:
     def __post_init__(self) -> None:
         for name in ("size", "stride"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"the window {name} must be a positive int, not {value!r}")
+            check_positive(f"the window {name}", value)
         if self.group_by is not None and (not isinstance(self.group_by, str) or not self.group_by):
             raise ValueError(f"group_by must be a column name or None, not {self.group_by!r}")
 
@@ -253,8 +253,7 @@ class WindowDataset(IterableDataset[Any]):
     ) -> None:
         if not isinstance(windows, Windows):
             raise TypeError(f"windows must be a Windows value, not {windows!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        check_positive("batch_size", batch_size)
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         table_spec = as_spec(spec)
@@ -391,9 +390,7 @@ class WindowDataset(IterableDataset[Any]):
                 f"the WindowDataset state's windows: saved {saved_windows!r}, now {self.windows.settings()!r}; "
                 "restore it into a dataset with the same windows"
             )
-        lead = state["lead"]
-        if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
-            raise ValueError(f"the WindowDataset state's lead must be a non-negative int, not {lead!r}")
+        lead = check_count("the WindowDataset state's lead", state["lead"])
         return State.from_dict(state["table"]), lead
 
     def __iter__(self) -> Iterator[Any]:

@@ -15,6 +15,7 @@ import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import default_collate
 
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead
@@ -120,10 +121,8 @@ class SpiralDataModule(pl.LightningDataModule):
                 f"with access={access!r}"
             )
         self.packing = packing
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative int, not {num_workers!r}")
+        check_positive("batch_size", batch_size)
+        check_count("num_workers", num_workers)
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         check_read_ahead(read_ahead)

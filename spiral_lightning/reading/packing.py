@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
 from spiral_lightning.reading.frames import Last, Run, cursor_after, runs
@@ -60,8 +61,7 @@ class Packing:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column or self.column == POSITIONS:
             raise ValueError(f"Packing needs the name of a token column other than {POSITIONS!r}, not {self.column!r}")
-        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
-            raise ValueError(f"the block length must be a positive int, not {self.length!r}")
+        check_positive("the block length", self.length)
         separator = self.separator
         if separator is not None and (isinstance(separator, bool) or not isinstance(separator, int)):
             raise ValueError(f"the separator must be a token id (an int) or None, not {separator!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources import write
@@ -25,6 +26,5 @@ def write_table(
     spec of the exact version written. A destination that is not empty is an error, never
     overwritten. A Parquet table may go to an object store (``parquet:s3://bucket/prefix``),
     reached with ``storage_options`` (see ``TableSpec``)."""
-    if isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1:
-        raise ValueError(f"split_rows must be a positive int, not {split_rows!r}")
+    check_positive("split_rows", split_rows)
     return write(uri, data, split_rows, StorageOptions(storage_options) if storage_options else None)
