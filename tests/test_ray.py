@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pytest
@@ -119,18 +120,44 @@ def fit(config: dict[str, Any], storage: Path, name: str) -> ray.train.Result:
     return trainer.fit()
 
 
+class FakeContext(NamedTuple):
+    """What ``train_loader`` asks of Ray Train's context: this worker's rank in a world. It stands
+    in for a TorchTrainer worker (with no checkpoint to resume) so that a rank's reading is checked
+    in this process, in seconds; the real TorchTrainer runs below (a stopped and resumed job, the
+    CLI) check the same through Ray Train itself."""
+
+    rank: int
+    world_size: int
+
+    def get_world_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+
+def read_in_process(config: dict[str, Any], monkeypatch: pytest.MonkeyPatch, world_size: int = 2) -> None:
+    """Run ``read_ids`` once per rank in this process, each under a context of that rank."""
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    for rank in range(world_size):
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, world_size))
+        read_ids(config)
+
+
 def ids_of(out: Path, run: str, rank: int) -> list[int]:
     path = out / f"{run}-rank{rank}.txt"
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
-def test_trainer_workers_read_exactly_their_ranks_rows(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+def test_trainer_workers_read_exactly_their_ranks_rows(
+    make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = make_table(SPLITS, backend="parquet", filter=KEEP_TEXT)
     out = tmp_path / "ids"
     out.mkdir()
     config = {"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "all", "even": False}
     config["policy"] = "stripe"
-    fit(config, tmp_path / "runs", "all")
+    read_in_process(config, monkeypatch)
     for rank in range(2):
         assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2)
 
@@ -163,13 +190,15 @@ def test_run_stopped_mid_epoch_resumes_every_row_once(make_table: Callable[..., 
         assert first + second == rank_ids(spec, rank, 2)[:quota]
 
 
-def test_missing_table_fails_in_the_driver(tmp_path: Path) -> None:
+def test_missing_table_fails_in_the_driver_and_in_a_train_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     missing = TableSpec(f"spiral:{tmp_path / 'nowhere'}")
     with pytest.raises(FileNotFoundError, match="no Spiral table"):
         read_table(missing)
     config = {"spec": missing, "batch_size": 10, "workers": 0, "out": str(tmp_path), "run": "missing"}
-    with pytest.raises(ray.train.TrainingFailedError, match="no Spiral table"):
-        fit(config, tmp_path / "runs", "missing")
+    with pytest.raises(FileNotFoundError, match="no Spiral table"):
+        read_in_process(config, monkeypatch)
 
 
 def test_command_fits_the_datamodule_on_ray_train_workers(tmp_path: Path) -> None:
@@ -205,7 +234,9 @@ data:
     assert [entry["position"]["batches"] for entry in positions["ranks"]] == [6, 6]
 
 
-def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(s3_server: S3Server, tmp_path: Path) -> None:
+def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s3_server.make_bucket("ray-table")
     store = {
         "aws_endpoint": s3_server.endpoint,
@@ -221,20 +252,20 @@ def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(s3_server: 
     out.mkdir()
     config = {"spec": spec, "batch_size": 64, "workers": 1, "out": str(out), "run": "s3", "even": False}
     config["policy"] = "stripe"
-    fit(config, tmp_path / "runs", "s3")
+    read_in_process(config, monkeypatch)
     for rank in range(2):
         assert ids_of(out, "s3", rank) == rank_ids(spec, rank, 2)
 
 
 def test_train_loader_balances_uneven_splits_by_default_and_leaves_out_at_most_a_row_per_consumer(
-    make_table: Callable[..., TableSpec], tmp_path: Path
+    make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Striped, these splits gave the two ranks 7,200 and 4,900 rows, and even batches left out 4,600.
     sizes = [3000, 700, 4100, 2500, 1800]
     spec = make_table(sizes, backend="parquet")
     out = tmp_path / "ids"
     out.mkdir()
-    fit({"spec": spec, "batch_size": 100, "workers": 1, "out": str(out), "run": "default"}, tmp_path / "runs", "d")
+    read_in_process({"spec": spec, "batch_size": 100, "workers": 1, "out": str(out), "run": "default"}, monkeypatch)
     read = [ids_of(out, "default", rank) for rank in range(2)]
     assert len(read[0]) == len(read[1]) == sum(sizes) // 2
     assert sorted(read[0] + read[1]) == list(range(sum(sizes)))
