@@ -20,8 +20,7 @@ def check_count(name: str, value: Any, note: str = "") -> int:
     """``value`` when it is a non-negative int; else ``ValueError`` naming ``name``, with ``note``
     (such as ``"or None"`` or ``"0 reads in line"``) said after what it takes."""
     if not is_int(value) or value < 0:
-        said = f" {note}" if note.startswith("or ") else f" ({note})" if note else ""
-        raise ValueError(f"{name} must be a non-negative int{said}, not {value!r}")
+        raise ValueError(f"{name} must be a non-negative int{_said(note)}, not {value!r}")
     count: int = value
     return count
 
@@ -29,7 +28,13 @@ def check_count(name: str, value: Any, note: str = "") -> int:
 def check_positive(name: str, value: Any, note: str = "") -> int:
     """``value`` when it is a positive int; else ``ValueError`` naming ``name`` (see ``check_count``)."""
     if not is_int(value) or value < 1:
-        said = f" {note}" if note.startswith("or ") else f" ({note})" if note else ""
-        raise ValueError(f"{name} must be a positive int{said}, not {value!r}")
+        raise ValueError(f"{name} must be a positive int{_said(note)}, not {value!r}")
     positive: int = value
     return positive
+
+
+def _said(note: str) -> str:
+    """``note`` as it follows what a setting takes: ``" or None"``, or ``" (0 reads in line)"``."""
+    if not note:
+        return ""
+    return f" {note}" if note.startswith("or ") else f" ({note})"

@@ -22,6 +22,7 @@ from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import Cursor, State, check_cursor
+from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
 from spiral_lightning.planning.lineage import Lineage, check_lineage
 from spiral_lightning.planning.policies import as_policy, balanced, policy_name, stripe
@@ -65,7 +66,7 @@ class Consumer:
         check_read_ahead(read_ahead)
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together, or neither")
-        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if rank is None and distributed():
             rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
@@ -90,13 +91,22 @@ class Consumer:
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
         check_count("epoch", epoch)
+        if epoch != self.epoch:
+            self._on_new_epoch()
         self._settings[0] = epoch
+
+    def _on_new_epoch(self) -> None:
+        """What a kind forgets when its epoch changes (its position); nothing here."""
 
     def set_rows_per_consumer(self, rows: int | None) -> None:
         """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
         if rows is not None:
             check_count("rows_per_consumer", rows, "or None")
+            self._check_quota(rows)
         self._settings[1] = -1 if rows is None else rows
+
+    def _check_quota(self, rows: int) -> None:
+        """A kind's own refusal of a quota of ``rows`` (a count already); none here."""
 
     def replan(self, remainder: Plan, epoch: int, lineage: Lineage) -> None:
         """Read ``remainder`` (a re-planned epoch's undelivered rows) in ``epoch``, shared with
@@ -215,16 +225,14 @@ class Consumer:
         found = Lineage.from_dict(lineage)
         if found.version != self.spec.version:
             raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
-        self._remainder = remainder_of(self.source(), self.policy, found).plan
-        self._remainder_epoch = found.epoch
-        self._lineage = found
+        self.replan(remainder_of(self.source(), self.policy, found).plan, found.epoch, found)
 
     def lineage(self) -> dict[str, Any] | None:
         """While this epoch continues a re-plan, what makes its remainder again (see
         ``spiral_lightning.planning.elastic``), as plain values: save it once beside every consumer's
         ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
         again. ``None`` in an epoch planned as usual."""
-        if self.replanned() is None or self._lineage is None:
+        if self.lineage_digest() is None or self._lineage is None:
             return None
         return self._lineage.to_dict()
 

@@ -41,7 +41,7 @@ def pinned(spec: TableSpec, rank: int, broadcast: Broadcast | None) -> TableSpec
     return dataclasses.replace(spec, uri=shared.uri, files=shared.files)
 
 
-class Counted(Protocol):
+class EvenDataset(Protocol):
     """A dataset whose epochs even batches can size (``TableDataset``, ``PackedDataset``)."""
 
     world_size: int
@@ -66,7 +66,7 @@ class EvenEpoch(NamedTuple):
     warn: bool
 
 
-def even_epoch(dataset: Counted, workers: int, batch_size: int | None, limit: int | None = None) -> EvenEpoch:
+def even_epoch(dataset: EvenDataset, workers: int, batch_size: int | None, limit: int | None = None) -> EvenEpoch:
     """Give every consumer of ``dataset``'s epoch the fewest rows any consumer of any rank gets
     (at most ``limit``), so that the ranks take equal steps. Every rank calls it at the same point
     of each epoch: the counts are shared between them (``count_shared``)."""

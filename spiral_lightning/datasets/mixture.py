@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
-from spiral_lightning.core.checks import check_positive, is_count
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
@@ -87,8 +87,7 @@ class Mixture(IterableDataset[Any]):
         if not tables:
             raise ValueError("a Mixture needs at least one (table, weight) pair")
         check_positive("batch_size", batch_size)
-        if not is_count(seed):
-            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        check_count("seed", seed)
         if stop not in STOP_MODES:
             raise ValueError(f"stop must be one of {STOP_MODES}, not {stop!r}")
         if table_key is not None and collate is None:

@@ -103,14 +103,12 @@ class PackedDataset(TableDataset):
         self._restored: tuple[State, int] | None = None
         self._item_tokens: dict[WorkItem, int] = {}
 
-    def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
-        if epoch != self.epoch:
-            self._next = None
-            self._blocks = 0
-            self._packed_work = None
-            self.dropped = 0
-        super().set_epoch(epoch)
+    def _on_new_epoch(self) -> None:
+        super()._on_new_epoch()
+        self._next = None
+        self._blocks = 0
+        self._packed_work = None
+        self.dropped = 0
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
         """Refused: see the class."""

@@ -12,7 +12,7 @@ import torch.distributed
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning.core.checks import check_count
+from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.media import Where, left_to_decode
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, fingerprint
 from spiral_lightning.core.sequences import TooLong
@@ -90,10 +90,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if batch_size is not None:
+            check_positive("batch_size", batch_size, "or None")
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         self.batch_size = batch_size
@@ -132,28 +130,21 @@ class TableDataset(Consumer, IterableDataset[Any]):
         state["_rows_of"] = None
         return state
 
-    def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
-        if epoch != self.epoch:
-            # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
-            # remainder stays, for its epoch only (see replanned): a Mixture moves a table's epoch
-            # from pass to pass and may iterate the re-planned pass again.
-            self._cursor = None
-            self._work = None
-            self._delivered = 0
-            self.skipped = 0
-        super().set_epoch(epoch)
+    def _on_new_epoch(self) -> None:
+        # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
+        # remainder stays, for its epoch only (see replanned): a Mixture moves a table's epoch
+        # from pass to pass and may iterate the re-planned pass again.
+        self._cursor = None
+        self._work = None
+        self._delivered = 0
+        self.skipped = 0
 
-    def set_rows_per_consumer(self, rows: int | None) -> None:
-        """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
-        if rows is not None:
-            check_count("rows_per_consumer", rows, "or None")
-            if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
-                raise ValueError(
-                    f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
-                    "so last='require_full' would fail on every consumer; round the quota down to a multiple"
-                )
-        super().set_rows_per_consumer(rows)
+    def _check_quota(self, rows: int) -> None:
+        if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
+            raise ValueError(
+                f"rows_per_consumer {rows} is not a multiple of batch_size {self.batch_size}, "
+                "so last='require_full' would fail on every consumer; round the quota down to a multiple"
+            )
 
     def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as

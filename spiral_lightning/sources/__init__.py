@@ -15,20 +15,10 @@ from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources.chunks import ArrowData
 from spiral_lightning.sources.protocol import ReadBatch, Reader, Source, Take
 
-__all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "resolve", "version_of", "write"]
+__all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "write"]
 
 #: The process that opened this interpreter's first source; another pid here means a fork.
 _opened_in: int | None = None
-
-
-def resolve(spec: TableSpec) -> TableSpec:
-    """``spec`` pinned to the exact version its uri names now."""
-    return spec.resolve()
-
-
-def version_of(spec: TableSpec) -> str:
-    """The exact version a resolved ``spec`` names."""
-    return spec.version
 
 
 def _claim_process() -> None:
