@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -13,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from spiral_lightning import TableSpec
+from spiral_lightning.datasets.loader import warm_forkserver
 from tests.objectstore import S3Server, weed_binary
 from tests.tables import write_layout
 
@@ -22,9 +22,10 @@ settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("full", derandomize=False, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# Forkserver children are forked from a server that imported these once, so each DataLoader
-# worker starts quickly instead of importing torch again; the server never opens a table.
-multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral", "spiral_lightning.datasets.table"])
+# A worker imports the test module that defines what its dataset pickles by reference (a collate,
+# a policy), and the test modules import Lightning: a server that imported it once saves each
+# worker seconds.
+warm_forkserver("spiral", "lightning.pytorch", "pytest", "hypothesis")
 
 
 @pytest.fixture
@@ -55,9 +56,9 @@ def s3_server() -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[None]:
-    """One small local Ray for the whole session (two CPUs, a 200 MB object store): starting one
-    takes seconds, so every test that needs Ray shares it. Those tests are in the xdist group
-    ``ray`` (see ``pytest_collection_modifyitems``), so they share one test process too."""
+    """One small local Ray for the whole session of a test process (two CPUs, a 200 MB object
+    store): starting one takes seconds, so the tests of an xdist group that needs Ray share it
+    (``ray``, and ``ray_train`` for the TorchTrainer runs; see ``pytest_collection_modifyitems``)."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     import ray
 
@@ -72,8 +73,12 @@ GROUPS = {"local_ray": "ray", "saved_tables": "saved_states"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the tests that share a session resource into one xdist group (``--dist loadgroup``
-    sends a group to one worker), and let every other test go to any worker."""
+    sends a group to one worker), and let every other test go to any worker. A test that names
+    its own group keeps it: the TorchTrainer runs share a second Ray, so that the Ray tests take
+    two workers rather than one worker most of the run."""
     for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
         for fixture, group in GROUPS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))

@@ -165,3 +165,20 @@ def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = 
             f"the table {spec.uri!r} has its own storage_options {spec.storage_options!r}, not {options!r}"
         )
     return replace(spec, storage_options=options)
+
+
+def with_selection(spec: TableSpec, columns: Sequence[str] | None, filter: Any) -> TableSpec:
+    """``spec`` reading ``columns`` and ``filter`` (``None``: its own), which must not contradict
+    the columns and filter it already has."""
+    if columns is not None:
+        if spec.columns is not None and spec.columns != tuple(columns):
+            raise ValueError(
+                f"the table {spec.uri!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
+            )
+        spec = replace(spec, columns=tuple(columns))
+    if filter is not None:
+        # Identity, not equality: spiral expressions overload == to build a new expression.
+        if spec.filter is not None and spec.filter is not filter:
+            raise ValueError(f"the table {spec.uri!r} has its own filter {spec.filter}, not {filter}")
+        spec = replace(spec, filter=filter)
+    return spec

@@ -19,6 +19,19 @@ class Batched(Protocol):
     def batches(self, workers: int) -> int: ...
 
 
+#: What the forkserver imports before it forks a worker (see ``warm_forkserver``).
+_PRELOAD = ["torch", "pyarrow", "spiral_lightning.datasets.table"]
+
+
+def warm_forkserver(*modules: str) -> None:
+    """Have the forkserver import torch, pyarrow, the table reader and ``modules`` (added to those
+    asked for before) once, so each worker forks from it in milliseconds instead of importing them
+    again. The server only imports; it never opens a table, so its children may. A server already
+    running keeps what it imported."""
+    _PRELOAD.extend(module for module in modules if module not in _PRELOAD)
+    multiprocessing.set_forkserver_preload(list(_PRELOAD))
+
+
 def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
     ``forkserver`` workers (a parent that opened a table cannot fork), persistent so that start-up
@@ -26,8 +39,7 @@ def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, An
     check_count("num_workers", num_workers)
     settings: dict[str, Any] = {"num_workers": num_workers}
     if num_workers:
-        # Workers fork from a server that imported these once, so each starts in milliseconds.
-        multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning.datasets.table"])
+        warm_forkserver()
         settings["multiprocessing_context"] = "forkserver"
         settings["persistent_workers"] = True
     settings.update(options)

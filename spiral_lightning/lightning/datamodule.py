@@ -3,29 +3,27 @@ checkpoint and equal batches on every rank."""
 
 from __future__ import annotations
 
-import dataclasses
-import multiprocessing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import default_collate
 
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy
-from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead
 from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
+from spiral_lightning.datasets.loader import warm_forkserver
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_states
-from spiral_lightning.lightning.padding import WithValid, check_unmasked, padding_batch, padding_note
-from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
+from spiral_lightning.lightning.map_access import MapTraining
+from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
 from spiral_lightning.planning.policies import as_policy
 from spiral_lightning.reading.frames import LAST_MODES, Last
 from spiral_lightning.reading.packing import Packing
@@ -141,7 +139,7 @@ class SpiralDataModule(pl.LightningDataModule):
         )
         for stage, table in stages:
             if table is not None:
-                self.tables[stage] = _with_options(as_spec(table, storage_options), columns, filter)
+                self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.policy = as_policy(policy, seed)
@@ -150,9 +148,8 @@ class SpiralDataModule(pl.LightningDataModule):
         self.persistent_workers = persistent_workers and num_workers > 0
         self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
         if self.multiprocessing_context == "forkserver":
-            # Workers fork from a server that imported these once, so each starts in milliseconds
-            # instead of importing torch again; the server only imports, it never opens a table.
-            multiprocessing.set_forkserver_preload(["torch", "pyarrow", "spiral_lightning.datasets.table"])
+            # A worker imports the training script again, and the script imports Lightning.
+            warm_forkserver("lightning.pytorch")
         self.even_batches = even_batches
         self.read_ahead = read_ahead
         if access not in ("iterable", "map"):
@@ -175,6 +172,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
         self._train_loader: SpiralLoader | None = None
+        self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
 
     def _rank(self) -> tuple[int, int]:
@@ -281,35 +279,21 @@ class SpiralDataModule(pl.LightningDataModule):
         return restored, replan(restored) if self._replans(restored) else None
 
     def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
-        """The train loader of ``access="map"``: batches of rows drawn by a sampler that shuffles
-        the table with ``(seed, epoch)`` and deals every rank its own share; the sampler's position
-        is part of the loader's state, so a resume continues the epoch's order."""
+        """The train loader of ``access="map"`` (see ``MapTraining``); the sampler's position is
+        part of the loader's state, so a resume continues the epoch's order."""
         rank, world_size = self._rank()
-        # Dropping the last rows (fewer than one per rank) keeps ranks equal without the repeated
-        # rows that DistributedSampler pads with otherwise.
-        sampler = ReplannedSampler(dataset, world_size=world_size, rank=rank, seed=self.seed)
-        dropped = len(dataset) - len(sampler) * world_size
-        if dropped:
-            rank_zero_info(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
-
-        def prepare(epoch: int) -> int:
-            sampler.set_epoch(epoch)
-            if self.last == "require_full":
-                return len(sampler) // self.batch_size
-            return -(-len(sampler) // self.batch_size)
-
+        training = MapTraining(
+            dataset, rank=rank, world_size=world_size, seed=self.seed, batch_size=self.batch_size, last=self.last
+        )
         epoch = self._epoch()
-        restored, replanned = self._take_restored(dataset, partial(self._replan_map, sampler))
+        restored, replanned = self._take_restored(dataset, training.replan)
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset,
-            batches=prepare(epoch) + done,
+            batches=training.prepare(epoch) + done,
             epoch=self._epoch,
-            prepare=prepare,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=self.last == "require_full",
-            collate_fn=None if self.transform is None else _TransformedCollate(self.transform),
+            prepare=training.prepare,
+            **training.options(self.transform),
             **self._options(),
         )
         if replanned is not None:
@@ -317,41 +301,8 @@ class SpiralDataModule(pl.LightningDataModule):
         elif restored is not None:
             self._restore(loader, restored)
         self._train_loader = loader
+        self._map_training = training
         return loader
-
-    def _replan_map(self, sampler: ReplannedSampler, state: dict[str, Any]) -> Position | None:
-        """Deal the row numbers that ``state``'s ranks had not delivered in their sampler order
-        to this run's ranks (see ``elastic_map``): the epoch and the batches it had delivered,
-        or ``None`` when no rank had started reading."""
-        positions = [rank["position"] for rank in state["ranks"]]
-        if all(position is None for position in positions):
-            return None
-        if any(position is None for position in positions):
-            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
-        epoch = positions[0]["epoch"]
-        if any(position["epoch"] != epoch for position in positions):
-            raise ValueError(
-                f"the checkpoint's ranks stopped in different epochs {[p['epoch'] for p in positions]}; "
-                "an access='map' position is re-planned only when every rank stopped in one epoch"
-            )
-        rows = len(sampler.dataset)
-        lineage = MapLineage(rows, self.seed, epoch)
-        if "lineage" in state:
-            lineage = MapLineage.from_dict(state["lineage"])
-            if (lineage.rows, lineage.seed, lineage.epoch) != (rows, self.seed, epoch):
-                raise ValueError(
-                    f"the checkpoint's map re-plan lineage is of {lineage.rows} rows, seed {lineage.seed} and epoch "
-                    f"{lineage.epoch}; this run reads {rows} rows with seed {self.seed} in epoch {epoch}: resume "
-                    "with the seed and table that saved it"
-                )
-        delivered = tuple((position["batches"] - lineage.batches) * self.batch_size for position in positions)
-        link = MapLink(state["world_size"], delivered)
-        dropped = sampler.replan(lineage.then(link, positions[0]["batches"]))
-        rank_zero_info(
-            f"SpiralDataModule: re-planned access='map' epoch {epoch}, saved by {state['world_size']} ranks, for "
-            f"{sampler.num_replicas} ranks" + (f", leaving out {dropped} rows of it for equal ranks" if dropped else "")
-        )
-        return Position(epoch, positions[0]["batches"], {})
 
     def _replan(self, dataset: TableDataset, state: dict[str, Any]) -> Position | None:
         """Share the rows that ``state``'s consumers had not delivered among this run's: the
@@ -378,27 +329,14 @@ class SpiralDataModule(pl.LightningDataModule):
         return self._eval_loader("predict")
 
     def _eval_loader(self, stage: Stage) -> SpiralLoader | list[SpiralLoader]:
-        """The loader of ``stage``; no loaders (an empty list, which Lightning skips) when the
-        DataModule has no table for it, so fitting without a val table trains without validating.
-
-        With ``even_batches`` and more than one rank, every rank yields the batches of the rank
-        with the most, the others ending with padding batches (see ``padding``). A collective:
-        Lightning asks every rank for the loader at the same point."""
+        """The loader of ``stage`` (see ``evaluation_loader``); no loaders (an empty list, which
+        Lightning skips) when the DataModule has no table for it, so fitting without a val table
+        trains without validating."""
         if stage not in self.tables and stage == "val":
             return []
-        dataset = self._dataset(stage)
-        mine = dataset.batches(self.num_workers)
-        if not self.even_batches or self.trainer is None or self.trainer.world_size == 1:
-            return SpiralLoader(dataset, batches=mine, **self._options())
-        strategy = self.trainer.strategy
-        counts = strategy.all_gather(torch.tensor([mine], device=strategy.root_device)).flatten().tolist()
-        if min(counts) == max(counts):
-            return SpiralLoader(dataset, batches=mine, **self._options())
-        rank_zero_info(f"SpiralDataModule: {padding_note(stage, counts)}")
-        # Read by every rank alike, so a transform that drops the mask fails on all of them at
-        # once, rather than leaving the ranks that do not pad waiting for the one that failed.
-        pad = padding_batch(dataset, stage)
-        return SpiralLoader(dataset, batches=max(counts), pad=pad, **self._options())
+        even = self.even_batches and self.trainer is not None and self.trainer.world_size > 1
+        strategy = self.trainer.strategy if even and self.trainer is not None else None
+        return evaluation_loader(self._dataset(stage), stage, strategy, self.num_workers, self._options())
 
     def _epoch(self) -> int:
         return 0 if self.trainer is None else self.trainer.current_epoch
@@ -445,15 +383,11 @@ class SpiralDataModule(pl.LightningDataModule):
             state["lineage"] = lineage
         return state
 
-    @staticmethod
-    def _lineage(loader: SpiralLoader) -> dict[str, Any] | None:
+    def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
         if isinstance(loader.table, TableDataset):
             return loader.table.lineage()
-        sampler = loader.sampler
-        if isinstance(sampler, ReplannedSampler) and sampler.lineage is not None:
-            return sampler.lineage.to_dict() if sampler.lineage.epoch == sampler.epoch else None
-        return None
+        return None if self._map_training is None else self._map_training.lineage()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the positions of a checkpoint; each rank restores its own into its train loader.
@@ -511,32 +445,3 @@ def _consumers(state: dict[str, Any]) -> list[dict[str, Any]]:
         if rank["position"] is not None
         for consumer in consumer_states(rank["position"]["loader"])
     ]
-
-
-class _TransformedCollate:
-    """torch's default collate, then a DataModule's ``transform`` on the batch: what a worker
-    does with the rows a sampler drew under ``access="map"`` (a class, so that it pickles)."""
-
-    def __init__(self, transform: Callable[[Any], Any]) -> None:
-        self.transform = transform
-
-    def __call__(self, rows: list[Any]) -> Any:
-        return self.transform(default_collate(rows))
-
-
-def _with_options(spec: TableSpec, columns: Sequence[str] | None, filter: Any) -> TableSpec:
-    """``spec`` with the DataModule's columns and filter, which must not contradict its own."""
-    if columns is not None:
-        if spec.columns is not None and spec.columns != tuple(columns):
-            raise ValueError(
-                f"the table {spec.uri!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
-            )
-        spec = dataclasses.replace(spec, columns=tuple(columns))
-    if filter is not None:
-        # Identity, not equality: spiral expressions overload == to build a new expression.
-        if spec.filter is not None and spec.filter is not filter:
-            raise ValueError(
-                f"the table {spec.uri!r} has its own filter {spec.filter}, and the DataModule gives {filter}"
-            )
-        spec = dataclasses.replace(spec, filter=filter)
-    return spec

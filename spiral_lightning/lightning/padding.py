@@ -14,8 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 import torch
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities import rank_zero_info
 
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.lightning.loader import SpiralLoader
 from spiral_lightning.planning.policies import stripe
 
 #: The key of every evaluation batch's validity mask: True on the table's rows, False on padding.
@@ -82,3 +85,22 @@ def padding_note(stage: str, batches: Sequence[int]) -> str:
         f"{stage} yields {max(batches)} batches on each of {len(batches)} ranks, {padded} of all of them "
         f"padding batches ({VALID!r} False on every row) for the ranks with fewer rows"
     )
+
+
+def evaluation_loader(
+    dataset: TableDataset, stage: str, strategy: Strategy | None, num_workers: int, options: dict[str, Any]
+) -> SpiralLoader:
+    """The loader of one rank's evaluation ``stage``. With a ``strategy`` (even batches over more
+    than one rank), every rank yields the batches of the rank with the most, the others ending
+    with padding batches. A collective then: Lightning asks every rank for the loader at the same
+    point."""
+    mine = dataset.batches(num_workers)
+    if strategy is None:
+        return SpiralLoader(dataset, batches=mine, **options)
+    counts = strategy.all_gather(torch.tensor([mine], device=strategy.root_device)).flatten().tolist()
+    if min(counts) == max(counts):
+        return SpiralLoader(dataset, batches=mine, **options)
+    rank_zero_info(f"SpiralDataModule: {padding_note(stage, counts)}")
+    # Read by every rank alike, so a transform that drops the mask fails on all of them at
+    # once, rather than leaving the ranks that do not pad waiting for the one that failed.
+    return SpiralLoader(dataset, batches=max(counts), pad=padding_batch(dataset, stage), **options)
