@@ -13,7 +13,8 @@ batch converted by ``spiral_lightning.to_torch``, so the comparison is loader ag
 With the filter ``x > 0`` the dataset gets the filter-language text and the raw scan the pyarrow
 expression ``pc.field("x") > 0``; the raw scan then yields the rows each 1024-row read batch
 keeps (about half), while the dataset still yields full 1024-row batches. Both must deliver the
-same number of rows.
+same number of rows. `TableDataset` reads with its default threads (the cores, up to 4), and
+`TableDataset(read_threads=1)` one work item at a time.
 
 A *rate* is the rows of one full pass divided by its wall time. Each path takes the best of
 ``--repeats`` passes, the paths taking turns (each round starting at another one) so that load
@@ -63,8 +64,9 @@ def consume(batches: Iterable[dict[str, Any]]) -> int:
     return rows
 
 
-def table_dataset(folder: Path, batch_size: int, condition: str | None) -> Pass:
-    dataset = TableDataset(TableSpec(f"parquet:{folder}", columns=COLUMNS, filter=condition), batch_size=batch_size)
+def table_dataset(folder: Path, batch_size: int, condition: str | None, threads: int | None = None) -> Pass:
+    spec = TableSpec(f"parquet:{folder}", columns=COLUMNS, filter=condition)
+    dataset = TableDataset(spec, batch_size=batch_size, read_threads=threads)
     dataset.source()
     return lambda: consume(dataset)
 
@@ -93,6 +95,7 @@ def main() -> None:
         for label, condition in (("none", None), ("`x > 0`", "x > 0")):
             paths[("raw `pyarrow.dataset` scan + `to_torch`", label)] = raw_scan(folder, args.batch_size, condition)
             paths[("`TableDataset`", label)] = table_dataset(folder, args.batch_size, condition)
+            paths[("`TableDataset(read_threads=1)`", label)] = table_dataset(folder, args.batch_size, condition, 1)
         best = dict.fromkeys(paths, float("inf"))
         delivered: dict[tuple[str, str], int] = {}
         names = list(paths)

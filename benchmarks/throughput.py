@@ -119,11 +119,13 @@ def in_process(spec: TableSpec) -> dict[str, Pass]:
     scan_dataset = ScanDataset(table.scan_request(), batch_size=BATCH_SIZE)
     table_dataset = TableDataset(spec, batch_size=BATCH_SIZE)
     in_line = TableDataset(spec, batch_size=BATCH_SIZE, read_ahead=0)
+    one_thread = TableDataset(spec, batch_size=BATCH_SIZE, read_threads=1)
     return {
         "raw `Scan.to_reader()`": lambda: map(to_torch, scan.to_reader()),
         "raw `Scan.read_work` (all splits)": lambda: (to_torch(batch) for batch, _, _ in scan.read_work(work)),
         "`ScanDataset(batch_size=1024)`, in process": lambda: scan_dataset,
         "`TableDataset(batch_size=1024)`, in process": lambda: table_dataset,
+        "`TableDataset(batch_size=1024, read_threads=1)`, in process": lambda: one_thread,
         "`TableDataset(batch_size=1024, read_ahead=0)`, in process": lambda: in_line,
     }
 

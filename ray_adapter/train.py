@@ -61,11 +61,13 @@ def train_loader(
     resume: bool = True,
     even_batches: bool = True,
     read_ahead: int = DEFAULT_READ_AHEAD,
+    read_threads: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers, each
-    ``read_ahead`` read batches ahead (see ``TableDataset``); ``storage_options`` reach a Parquet
+    ``read_ahead`` read batches ahead of ``read_threads`` work items read at once (see
+    ``TableDataset``); ``storage_options`` reach a Parquet
     table in an object store (see ``TableSpec``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
@@ -97,6 +99,7 @@ def train_loader(
         collate=collate,
         rows_per_consumer=rows_per_consumer,
         read_ahead=read_ahead,
+        read_threads=read_threads,
     )
     loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
     loader = loader_class(

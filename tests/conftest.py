@@ -71,11 +71,34 @@ def local_ray() -> Iterator[None]:
 GROUPS = {"local_ray": "ray", "saved_tables": "saved_states"}
 
 
+#: The longest tests (``--durations``), a minute or more each in a parallel run, longest first:
+#: started before all others.
+LONGEST = (
+    "Ray Train, plain loop",
+    "stopped_mid_epoch",
+    "::test_ddp_",
+    "ddp_run",
+    "ddp_map_run",
+    "ddp-2-ranks",
+    "command_fits",
+    "Variable-length",
+    "Elastic resume",
+)
+
+
+def start_order(item: pytest.Item) -> tuple[int, bool]:
+    """Where ``item`` starts: the ``LONGEST`` in their order, then the other multi-process tests."""
+    longest = next((index for index, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST))
+    return longest, item.get_closest_marker("slow") is None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the tests that share a session resource into one xdist group (``--dist loadgroup``
-    sends a group to one worker), and let every other test go to any worker. A test that names
-    its own group keeps it: the TorchTrainer runs share a second Ray, so that the Ray tests take
-    two workers rather than one worker most of the run."""
+    """Start the multi-process tests (marked ``slow``) first, so that a long one is not left
+    running alone at the end of a parallel run; put the tests that share a session resource into
+    one xdist group (``--dist loadgroup`` sends a group to one worker) and let every other test go
+    to any worker. A test that names its own group keeps it: the TorchTrainer runs share a second
+    Ray, so that the Ray tests take two workers rather than one worker most of the run."""
+    items.sort(key=start_order)
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue

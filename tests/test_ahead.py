@@ -42,8 +42,9 @@ def test_read_ahead_gives_the_batches_and_states_of_reading_in_line(
         options: dict[str, Any] = {"batch_size": 1000, "policy": policy, "rank": rank, "world_size": 2}
         in_line = batches_and_states(TableDataset(spec, read_ahead=0, **options))
         assert len(in_line) > 3
-        for depth in (1, 2, 5):
-            assert batches_and_states(TableDataset(spec, read_ahead=depth, **options)) == in_line
+        for depth, threads in [(1, 1), (2, 1), (5, 1), (1, 3), (2, 2)]:
+            read = TableDataset(spec, read_ahead=depth, read_threads=threads, **options)
+            assert batches_and_states(read) == in_line
 
 
 def test_a_resume_reads_ahead_from_the_saved_cursor(make_table: Callable[..., TableSpec]) -> None:
@@ -59,12 +60,13 @@ def test_a_resume_reads_ahead_from_the_saved_cursor(make_table: Callable[..., Ta
     assert delivered == whole
 
 
-def test_an_error_of_the_reading_thread_reaches_the_consumer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [1, 3])
+def test_an_error_of_the_reading_thread_reaches_the_consumer(tmp_path: Path, threads: int) -> None:
     path = tmp_path / "a.parquet"
-    # Far more row groups (read batches) than the thread reads ahead.
+    # Far more row groups (read batches) than the threads read ahead.
     pq.write_table(layout_table([40000]), path, row_group_size=1000)
     spec = TableSpec(f"parquet:{path}").resolve()
-    batches = iter(TableDataset(spec, batch_size=500, read_ahead=3))
+    batches = iter(TableDataset(spec, batch_size=500, read_ahead=3, read_threads=threads))
     next(batches)
     path.write_bytes(b"not parquet any more")
     with pytest.raises(ValueError, match=rf"changed {str(path)!r} while it was read"):
@@ -72,16 +74,29 @@ def test_an_error_of_the_reading_thread_reaches_the_consumer(tmp_path: Path) -> 
     assert not reader_threads()
 
 
+def test_threads_read_items_at_once_in_the_order_of_the_work_list(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([3000] * 8, columns=["id"])
+    dataset = TableDataset(spec, batch_size=1000, read_threads=3, policy=Shuffled(seed=1, block_rows=1000))
+    in_line = TableDataset(spec, batch_size=1000, read_ahead=0, policy=dataset.policy)
+    order = [i for batch in in_line for i in batch["id"].tolist()]
+    batches = iter(dataset)
+    first = next(batches)["id"].tolist()
+    assert len(reader_threads()) == 3
+    assert first + [i for batch in batches for i in batch["id"].tolist()] == order
+    assert sorted(order) == list(range(24000))
+    assert not reader_threads()
+
+
 def test_a_pass_left_early_ends_its_thread_and_two_passes_read_side_by_side(
     make_table: Callable[..., TableSpec],
 ) -> None:
     spec = make_table([30000, 30000], columns=["id"])
-    dataset = TableDataset(spec, batch_size=1000, read_ahead=2)
+    dataset = TableDataset(spec, batch_size=1000, read_ahead=2, read_threads=2)
     left = iter(dataset)
     next(left)
-    assert len(reader_threads()) == 1
+    assert len(reader_threads()) == 2
     del left
-    assert not reader_threads(), "a collected pass returns only once its reading thread has ended"
+    assert not reader_threads(), "a collected pass returns only once its reading threads have ended"
     one, two = iter(dataset), iter(dataset)
     ids_one = [i for batch in one for i in batch["id"].tolist()[:1]]
     ids_two = []

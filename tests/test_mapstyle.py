@@ -107,7 +107,7 @@ def test_read_threads_return_the_rows_of_one_thread(make_table: MakeTable, backe
     for threads in (2, 3, 1):
         changed.read_threads = threads
         assert [int(row["id"]) for row in changed.__getitems__(indices)] == [expected[index] for index in indices]
-    with pytest.raises(ValueError, match="read_threads must be at least 1"):
+    with pytest.raises(ValueError, match="read_threads must be a positive int or None"):
         TableMapDataset(spec, read_threads=0)
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch.distributed
 from torch.utils.data import get_worker_info
 
-from spiral_lightning.core.checks import check_count
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import Cursor, State, check_cursor
@@ -26,7 +27,7 @@ from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
 from spiral_lightning.planning.lineage import Lineage, check_lineage
 from spiral_lightning.planning.policies import as_policy, balanced, policy_name, stripe
-from spiral_lightning.reading.ahead import ReadAhead
+from spiral_lightning.reading.ahead import ReadAhead, default_read_threads
 from spiral_lightning.reading.watchdog import watch
 from spiral_lightning.sources import Reader, Source, open_source
 
@@ -39,13 +40,20 @@ def check_read_ahead(read_ahead: int) -> None:
     check_count("read_ahead", read_ahead, "0 reads in line")
 
 
+def check_read_threads(read_threads: int | None) -> None:
+    """``ValueError`` unless ``read_threads`` is a count of reading threads or ``None``."""
+    if read_threads is not None:
+        check_positive("read_threads", read_threads, "or None")
+
+
 class Consumer:
     """One pinned table version read by a job's consumers, each its own work list.
 
     ``spec`` (a spec or a uri, reached with ``storage_options``) is pinned here; ``policy`` (a
     function or its name) deals work lists; rank and world size come from the arguments, else
     from ``torch.distributed`` when it is initialized, else 0 and 1; ``read_ahead`` read batches
-    are read ahead on a thread. The source opens here, so a bad column or filter fails in the
+    are read ahead of each of ``read_threads`` work items read at once, each on a thread (``None``:
+    from the cores). The source opens here, so a bad column or filter fails in the
     process that builds the dataset, and again once in each process that reads.
 
         core = Consumer("parquet:data/events", policy="balanced", rank=0, world_size=2)
@@ -61,9 +69,11 @@ class Consumer:
         rank: int | None = None,
         world_size: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         check_read_ahead(read_ahead)
+        check_read_threads(read_threads)
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together, or neither")
         if rank is None and distributed():
@@ -74,6 +84,7 @@ class Consumer:
         self.spec = as_spec(spec, storage_options).resolve()
         self.policy = as_policy(policy)
         self.read_ahead = read_ahead
+        self.read_threads = read_threads
         # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
         # memory (torch pickles tensors for worker processes by handle), so settings made here
         # after the workers started still reach them.
@@ -187,14 +198,19 @@ class Consumer:
         return self._source
 
     def reader(self) -> Reader:
-        """What this process reads rows through: with ``read_ahead``, a thread that reads that
-        many read batches ahead through this process's source; else the source itself."""
+        """What this process reads rows through: with ``read_ahead``, threads that read that many
+        read batches ahead of each of ``read_threads`` work items read at once (by default, as
+        many as the cores this process gets beside the other DataLoader workers, at most
+        ``MOST_READ_THREADS``) through this process's source; else the source itself."""
         source = self.source()
         if not self.read_ahead:
             return source
-        if self._ahead is None or self._ahead.source is not source or self._ahead.depth != self.read_ahead:
-            self._ahead = ReadAhead(source, self.read_ahead)
-        return self._ahead
+        info = get_worker_info()
+        threads = self.read_threads or default_read_threads(1 if info is None else info.num_workers)
+        ahead = self._ahead
+        if ahead is None or ahead.source is not source or (ahead.depth, ahead.threads) != (self.read_ahead, threads):
+            ahead = self._ahead = ReadAhead(source, self.read_ahead, threads, partial(open_source, self.spec))
+        return ahead
 
     def shard(self) -> Shard:
         """This process's consumer: this rank, and the DataLoader worker when in one."""

@@ -22,16 +22,15 @@ from spiral_lightning.core.media import Where, left_to_decode
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.datasets.consumer import check_read_threads
 from spiral_lightning.datasets.loader import loader_options
 from spiral_lightning.planning.policies import stripe
+from spiral_lightning.reading.ahead import default_read_threads
 from spiral_lightning.reading.tensors import NullError, Nulls, check_nulls, to_torch
 from spiral_lightning.sources import Source, Take, open_source
 
 #: One row as ``TableMapDataset`` returns it: each column's value by column name.
 Row = dict[str, Any]
-
-#: The most threads one ``__getitems__`` call reads on by default, outside DataLoader workers.
-DEFAULT_READ_THREADS = 4
 
 
 class TableMapDataset(Dataset[Any]):
@@ -57,9 +56,9 @@ class TableMapDataset(Dataset[Any]):
     ``DataLoader(batch_size=B)`` with the default collate stacks them into ``[B, ...]`` tensors.
 
     ``read_threads`` is how many threads read one call's splits at once, each through its own
-    source, the splits cut into consecutive groups of about equal rows. By default it is 1 inside
-    a DataLoader worker, where the workers already read batches in parallel, and the CPU count
-    up to ``DEFAULT_READ_THREADS`` elsewhere.
+    source, the splits cut into consecutive groups of about equal rows. By default each process
+    that reads (the main one, or each DataLoader worker) gets its share of the cores, 1 to
+    ``MOST_READ_THREADS`` (see ``default_read_threads``).
 
     The spec is pinned to one version when the dataset is built, and the rows each split returns
     are counted once, reading only the filter's columns. Only the spec, the transform and those
@@ -76,8 +75,7 @@ class TableMapDataset(Dataset[Any]):
         read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if read_threads is not None and read_threads < 1:
-            raise ValueError(f"read_threads must be at least 1 (or None for the default), got {read_threads}")
+        check_read_threads(read_threads)
         self.spec = as_spec(spec, storage_options).resolve()
         if self.spec.media and self.spec.on_error != "raise":
             raise ValueError(
@@ -209,9 +207,8 @@ class TableMapDataset(Dataset[Any]):
 
     def _take(self, takes: list[Take]) -> pa.Table:
         """The rows of ``takes`` in order, their splits read on up to ``read_threads`` threads."""
-        threads = self.read_threads
-        if threads is None:
-            threads = 1 if get_worker_info() is not None else min(DEFAULT_READ_THREADS, os.cpu_count() or 1)
+        info = get_worker_info()
+        threads = self.read_threads or default_read_threads(1 if info is None else info.num_workers)
         groups = _groups(takes, threads)
         if len(groups) == 1:
             return self.source().take(takes)

@@ -43,7 +43,7 @@ class PackedDataset(TableDataset):
     shorter than one block, which is dropped: ``dropped`` holds its tokens once the consumer's
     pass ends, and ``tokens`` counts each consumer's stream ahead.
 
-    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``,
+    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``, ``read_threads``,
     the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
     ``last``, ``rows_per_consumer``, ``len``, ``batches`` and ``even_rows`` count blocks, so the
     DataModule's even batches give DDP ranks equal batches. Counting reads the token column of
@@ -71,6 +71,7 @@ class PackedDataset(TableDataset):
         world_size: int | None = None,
         rows_per_consumer: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
@@ -86,6 +87,7 @@ class PackedDataset(TableDataset):
             collate=None,
             rows_per_consumer=rows_per_consumer,
             read_ahead=read_ahead,
+            read_threads=read_threads,
             transform=transform,
         )
         kind = self.source().schema.field(column).type

@@ -57,7 +57,9 @@ class TableDataset(Consumer, IterableDataset[Any]):
 
     ``read_ahead`` read batches are read ahead of the consumer on a thread of the iterating
     process, so the source decodes while the consumer frames, converts and trains (0 reads in
-    line); it changes no row, order or state.
+    line); ``read_threads`` work items are read at once, each on its own thread, so the source
+    decodes on several cores (``None``: the cores this process gets beside the other DataLoader
+    workers, at most 4). Neither changes a row, the order or a state.
 
     ``storage_options`` reach a Parquet table in an object store (see ``TableSpec``).
 
@@ -87,6 +89,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         rows_per_consumer: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
@@ -104,6 +107,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
             rank=rank,
             world_size=world_size,
             read_ahead=read_ahead,
+            read_threads=read_threads,
             storage_options=storage_options,
         )
         if self.spec.media and collate is None:

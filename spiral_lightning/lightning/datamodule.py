@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 import torch.distributed
@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
-from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
 from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
 from spiral_lightning.datasets.loader import warm_forkserver
 from spiral_lightning.datasets.mapstyle import TableMapDataset
@@ -70,7 +70,8 @@ class SpiralDataModule(pl.LightningDataModule):
     The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
     saved) with the world size and worker count; on resume each rank restores its own.
 
-    Every consumer reads ``read_ahead`` read batches ahead on a thread (see ``TableDataset``).
+    Every consumer reads ``read_ahead`` read batches ahead of each of ``read_threads`` work items
+    read at once, on threads (see ``TableDataset``).
 
     ``packing`` trains on blocks of tokens instead of rows: a ``PackedDataset`` packs the train
     table's token column into blocks of ``packing.length`` tokens, ``batch_size`` blocks a batch,
@@ -108,6 +109,7 @@ class SpiralDataModule(pl.LightningDataModule):
         even_batches: bool = True,
         access: Literal["iterable", "map"] = "iterable",
         read_ahead: int = DEFAULT_READ_AHEAD,
+        read_threads: int | None = None,
         storage_options: dict[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
         packing: Packing | None = None,
@@ -124,6 +126,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         check_read_ahead(read_ahead)
+        check_read_threads(read_threads)
         if multiprocessing_context not in (None, "forkserver", "spawn"):
             raise ValueError(
                 f"multiprocessing_context {multiprocessing_context!r} is not supported: table readers cannot "
@@ -131,13 +134,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 "or 'spawn'"
             )
         self.tables: dict[Stage, TableSpec] = {}
-        stages: tuple[tuple[Stage, TableSpec | str | None], ...] = (
-            ("train", train),
-            ("val", val),
-            ("test", test),
-            ("predict", predict),
-        )
-        for stage, table in stages:
+        for stage, table in zip(get_args(Stage), (train, val, test, predict), strict=True):
             if table is not None:
                 self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
@@ -152,6 +149,7 @@ class SpiralDataModule(pl.LightningDataModule):
             warm_forkserver("lightning.pytorch")
         self.even_batches = even_batches
         self.read_ahead = read_ahead
+        self.read_threads = read_threads
         if access not in ("iterable", "map"):
             raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
         self.access = access
@@ -199,6 +197,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 rank=rank,
                 world_size=world_size,
                 read_ahead=self.read_ahead,
+                read_threads=self.read_threads,
                 transform=WithValid(self.transform) if evaluates else self.transform,
             )
             if evaluates:
@@ -211,8 +210,7 @@ class SpiralDataModule(pl.LightningDataModule):
             self._check_version(self._restored, self.datasets["train"])
 
     def _packed(self, spec: TableSpec, packing: Packing, rank: int, world_size: int) -> PackedDataset:
-        """The train dataset of rank ``rank`` of ``world_size``, packing the pinned table ``spec``
-        as ``packing`` says."""
+        """The train dataset of rank ``rank`` of ``world_size``, packing ``spec`` as ``packing`` says."""
         return PackedDataset(
             spec,
             column=packing.column,
@@ -224,6 +222,7 @@ class SpiralDataModule(pl.LightningDataModule):
             rank=rank,
             world_size=world_size,
             read_ahead=self.read_ahead,
+            read_threads=self.read_threads,
             transform=self.transform,
         )
 

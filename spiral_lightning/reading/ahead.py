@@ -1,21 +1,38 @@
-"""Reading ahead: a source's reads on a thread of their own, a few read batches before the consumer.
+"""Reading ahead: a source's reads on threads of their own, a few read batches before the consumer.
 
 Read in line, a pass alternates: the consumer waits while the source decodes a read batch, then
 the source idles while the consumer frames it and trains on the frames. A reading thread keeps
 the source decoding while the consumer works (backends release the GIL while they read), so a
-pass takes about the longer of the two instead of their sum.
+pass takes about the longer of the two instead of their sum. Several reading threads, each
+reading the next work item not yet taken, decode on several cores at once; the consumer still
+takes the batches item by item, in the order of its work list.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import NamedTuple, cast
 
+from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.sources import ReadBatch, Source
+
+#: The most work items a consumer reads at once when not told: past a few, reads mostly contend.
+MOST_READ_THREADS = 4
+
+
+def default_read_threads(processes: int) -> int:
+    """Work items read at once by each of ``processes`` reading processes (DataLoader workers, or
+    1 in the main process) that share this machine's cores: the cores each gets, 1 to
+    ``MOST_READ_THREADS``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MOST_READ_THREADS, cores // max(1, processes)))
+
 
 #: Seconds a reading thread waits for room in its queue before it looks again whether its pass
 #: was stopped.
@@ -39,44 +56,132 @@ _LIVE: dict[threading.Thread, threading.Event] = {}
 
 
 class ReadAhead:
-    """Reads of one opened table version on background threads, each up to ``depth`` read batches
-    ahead of its consumer.
+    """Reads of one opened table version on background threads, up to ``depth`` read batches
+    ahead of its consumer in each of ``threads`` work items read at once.
 
-    Each pass reads on a thread of its own through ``source``, the consumer's own: a process opens
-    a version once, and every backend's reads may run beside its planning and counting on another
-    thread. Rows, order and the stored rows reported with each batch are those of ``source.read``.
+    Each pass reads on threads of its own through ``source``, the consumer's own: a process opens
+    a version once, and every backend's reads may run beside each other and beside its planning
+    and counting. With one thread the pass reads its items in one ``source.read``; with more, each
+    thread reads one item at a time (``source.read([item])``), taking the next item no thread has
+    taken, so at most ``threads * depth`` read batches wait. Rows, order and the stored rows
+    reported with each batch are those of ``source.read(items)`` either way.
+
+        ahead = ReadAhead(source, depth=2, threads=4, opener=lambda: open_source(spec))
+        for batch, index, next_row in ahead.read(items):
+            ...
     """
 
-    def __init__(self, source: Source, depth: int) -> None:
+    def __init__(
+        self, source: Source, depth: int, threads: int = 1, opener: Callable[[], Source] | None = None
+    ) -> None:
         if depth < 1:
             raise ValueError(f"a read-ahead depth is at least 1 read batch, not {depth}")
+        check_positive("read_threads", threads)
+        if threads > 1 and opener is None:
+            raise ValueError("reading on several threads needs an opener for their sources")
         self.depth = depth
+        self.threads = threads
         self.source = source
+        self._opener = opener
+        # Each reading thread reads through a source of its own: spiral-sdk's scans are not known
+        # to serve two reads at once. Sources are opened as threads first need them and kept for
+        # the passes after, the consumer's own among them.
+        self._idle = [source]
+        self._idle_lock = threading.Lock()
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
-        """What the source's ``read(items)`` yields, read ahead; the thread starts on the first
-        ``next``, and once the iterator is exhausted, closed or collected it has ended: its read
-        is closed before the consumer goes on."""
-        batches: queue.Queue[object] = queue.Queue(self.depth)
+        """What the source's ``read(items)`` yields, read ahead; the threads start on the first
+        ``next``, and once the iterator is exhausted, closed or collected they have ended: their
+        reads are closed before the consumer goes on."""
+        items = list(items)
         stop = threading.Event()
-        args = (self.source, list(items), batches, stop)
-        thread = threading.Thread(target=_fill, args=args, name="spiral-lightning-read-ahead", daemon=True)
-        _LIVE[thread] = stop
-        thread.start()
+        if self.threads == 1 or len(items) < 2:
+            batches: queue.Queue[object] = queue.Queue(self.depth)
+            fill = partial(_fill, self.source, items, batches, stop)
+            return _drain(stop, [fill], lambda: iter((batches,)))
+        taken = _Taken(items, self.depth)
+        workers = [partial(self._fill_items, taken, stop) for _ in range(min(self.threads, len(items)))]
+        return _drain(stop, workers, taken.in_order)
+
+    def _fill_items(self, taken: _Taken, stop: threading.Event) -> None:
+        """Read the items no thread has taken yet, one at a time, into their own queues, through a
+        source no other thread reads."""
+        with self._idle_lock:
+            source = self._idle.pop() if self._idle else None
         try:
-            while True:
-                batch = batches.get()
-                if batch is _END:
+            while not stop.is_set() and (next_item := taken.take()) is not None:
+                index, batches = next_item
+                try:
+                    if source is None:
+                        assert self._opener is not None
+                        source = self._opener()
+                    read = source.read([taken.items[index]])
+                    finished = all(_put(batches, (batch, index, next_row), stop) for batch, _, next_row in read)
+                except BaseException as error:  # every error belongs to the consumer
+                    _put(batches, _Failed(error), stop)
                     return
+                if not finished or not _put(batches, _END, stop):
+                    return
+        finally:
+            if source is not None:
+                with self._idle_lock:
+                    self._idle.append(source)
+
+
+class _Taken:
+    """The items of a pass read by several threads: the next one not yet taken, and each taken
+    item's queue of read batches, handed to the consumer in the order of the items."""
+
+    def __init__(self, items: list[WorkItem], depth: int) -> None:
+        self.items = items
+        self.depth = depth
+        self.queues: dict[int, queue.Queue[object]] = {}
+        self.following = 0
+        self.changed = threading.Condition()
+
+    def take(self) -> tuple[int, queue.Queue[object]] | None:
+        """The next item's index and a new queue for its batches; ``None`` when all are taken."""
+        with self.changed:
+            index = self.following
+            if index >= len(self.items):
+                return None
+            self.following += 1
+            batches: queue.Queue[object] = queue.Queue(self.depth)
+            self.queues[index] = batches
+            self.changed.notify_all()
+            return index, batches
+
+    def in_order(self) -> Iterator[queue.Queue[object]]:
+        """Each item's queue in turn, once a thread has taken the item."""
+        for index in range(len(self.items)):
+            with self.changed:
+                self.changed.wait_for(lambda index=index: index in self.queues)  # type: ignore[misc]
+                batches = self.queues.pop(index)
+            yield batches
+
+
+def _drain(
+    stop: threading.Event, workers: Sequence[Callable[[], None]], queues: Callable[[], Iterator[queue.Queue[object]]]
+) -> Iterator[ReadBatch]:
+    """Run ``workers`` on threads and yield what ``queues`` hold, each queue to its end."""
+    threads = [threading.Thread(target=work, name="spiral-lightning-read-ahead", daemon=True) for work in workers]
+    for thread in threads:
+        _LIVE[thread] = stop
+    try:
+        for thread in threads:
+            thread.start()
+        for batches in queues():
+            while (batch := batches.get()) is not _END:
                 if isinstance(batch, _Failed):
                     raise batch.error
                 yield cast(ReadBatch, batch)
-        finally:
-            stop.set()
-            # A read left running is native code (Arrow's, spiral-sdk's) that the interpreter's
-            # exit may tear down under it, which aborts the process. The garbage collector may
-            # close this iterator on the reading thread itself, which then ends on its own.
-            if thread is not threading.current_thread():
+    finally:
+        stop.set()
+        # A read left running is native code (Arrow's, spiral-sdk's) that the interpreter's
+        # exit may tear down under it, which aborts the process. The garbage collector may
+        # close this iterator on a reading thread itself, which then ends on its own.
+        for thread in threads:
+            if thread is not threading.current_thread() and thread.ident is not None:
                 thread.join()
             _LIVE.pop(thread, None)
 
