@@ -201,12 +201,15 @@ class Consumer:
         """What this process reads rows through: with ``read_ahead``, threads that read that many
         read batches ahead of each of ``read_threads`` work items read at once (by default, as
         many as the cores this process gets beside the other DataLoader workers, at most
-        ``MOST_READ_THREADS``) through this process's source; else the source itself."""
+        ``MOST_READ_THREADS``, and 1 for a source that fetches ahead itself) through this
+        process's source; else the source itself."""
         source = self.source()
         if not self.read_ahead:
             return source
         info = get_worker_info()
         threads = self.read_threads or default_read_threads(1 if info is None else info.num_workers)
+        if self.read_threads is None and getattr(source, "fetches_ahead", False):
+            threads = 1
         ahead = self._ahead
         if ahead is None or ahead.source is not source or (ahead.depth, ahead.threads) != (self.read_ahead, threads):
             ahead = self._ahead = ReadAhead(source, self.read_ahead, threads, partial(open_source, self.spec))

@@ -81,6 +81,8 @@ class ParquetSource:
         self._planned = spec.files
         self._version = version(spec)
         self._location = locate_table(spec)
+        # An object store's pass fetches ``prefetch`` row groups at once and checks each file once.
+        self.fetches_ahead = self._location.remote
         with footer_lock:
             listed = (spec.uri, self._version) in listed_tables
         if not listed:

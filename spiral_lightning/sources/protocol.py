@@ -35,6 +35,10 @@ class Source(Reader, Protocol):
 
     Split indexes belong to the source: with a filter a backend may prune splits, so a plan, its
     counts and its reads all come from one source.
+
+    A source whose one ``read`` keeps several items in flight itself (Parquet in an object store)
+    may say so with a ``fetches_ahead = True`` attribute: a consumer then reads its items in one
+    read by default, since reading them on threads of their own would add requests, not speed.
     """
 
     @property
