@@ -73,13 +73,15 @@ GROUPS = {"local_ray": "ray", "saved_tables": "saved_states"}
 
 #: The longest tests (``--durations``), a minute or more each in a parallel run, longest first:
 #: started before all others.
+#: Each Ray test process runs its own Ray, so the Ray ones are spread out: three Rays starting at
+#: once on 2 cores made each TorchTrainer run take twice as long.
 LONGEST = (
     "Ray Train, plain loop",
-    "stopped_mid_epoch",
     "::test_ddp_",
     "ddp_run",
     "ddp_map_run",
     "ddp-2-ranks",
+    "stopped_mid_epoch",
     "command_fits",
     "Variable-length",
     "Elastic resume",
