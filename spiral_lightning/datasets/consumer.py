@@ -206,10 +206,12 @@ class Consumer:
         source = self.source()
         if not self.read_ahead:
             return source
-        info = get_worker_info()
-        threads = self.read_threads or default_read_threads(1 if info is None else info.num_workers)
-        if self.read_threads is None and getattr(source, "fetches_ahead", False):
+        if self.read_threads is not None:
+            threads = self.read_threads
+        elif getattr(source, "fetches_ahead", False):
             threads = 1
+        else:
+            threads = default_read_threads()
         ahead = self._ahead
         if ahead is None or ahead.source is not source or (ahead.depth, ahead.threads) != (self.read_ahead, threads):
             ahead = self._ahead = ReadAhead(source, self.read_ahead, threads, partial(open_source, self.spec))

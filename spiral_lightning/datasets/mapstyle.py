@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
@@ -207,8 +207,7 @@ class TableMapDataset(Dataset[Any]):
 
     def _take(self, takes: list[Take]) -> pa.Table:
         """The rows of ``takes`` in order, their splits read on up to ``read_threads`` threads."""
-        info = get_worker_info()
-        threads = self.read_threads or default_read_threads(1 if info is None else info.num_workers)
+        threads = self.read_threads or default_read_threads()
         groups = _groups(takes, threads)
         if len(groups) == 1:
             return self.source().take(takes)

@@ -181,25 +181,34 @@ class SpiralDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Build the datasets of ``stage`` (fit, validate, test or predict) for this rank."""
         rank, world_size = self._rank()
+        # What every stage's consumers read with, packed or not.
+        settings: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "last": self.last,
+            "policy": self.policy,
+            "rank": rank,
+            "world_size": world_size,
+            "read_ahead": self.read_ahead,
+            "read_threads": self.read_threads,
+        }
+        packing = self.packing
         for name in _STAGES[stage]:
             if name not in self.tables:
                 continue
             pinned = self._pinned(self.tables[name])
-            if name == "train" and self.packing is not None:
-                self.datasets[name] = self._packed(pinned, self.packing, rank, world_size)
+            if name == "train" and packing is not None:
+                self.datasets[name] = PackedDataset(
+                    pinned,
+                    column=packing.column,
+                    length=packing.length,
+                    separator=packing.separator,
+                    transform=self.transform,
+                    **settings,
+                )
                 continue
             evaluates = name != "train"
-            self.datasets[name] = TableDataset(
-                pinned,
-                batch_size=self.batch_size,
-                last=self.last,
-                policy=self.policy,
-                rank=rank,
-                world_size=world_size,
-                read_ahead=self.read_ahead,
-                read_threads=self.read_threads,
-                transform=WithValid(self.transform) if evaluates else self.transform,
-            )
+            transform = WithValid(self.transform) if evaluates else self.transform
+            self.datasets[name] = TableDataset(pinned, transform=transform, **settings)
             if evaluates:
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and "train" not in self.tables:
@@ -208,23 +217,6 @@ class SpiralDataModule(pl.LightningDataModule):
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
             self._check_version(self._restored, self.datasets["train"])
-
-    def _packed(self, spec: TableSpec, packing: Packing, rank: int, world_size: int) -> PackedDataset:
-        """The train dataset of rank ``rank`` of ``world_size``, packing ``spec`` as ``packing`` says."""
-        return PackedDataset(
-            spec,
-            column=packing.column,
-            length=packing.length,
-            separator=packing.separator,
-            batch_size=self.batch_size,
-            last=self.last,
-            policy=self.policy,
-            rank=rank,
-            world_size=world_size,
-            read_ahead=self.read_ahead,
-            read_threads=self.read_threads,
-            transform=self.transform,
-        )
 
     def _pinned(self, spec: TableSpec) -> TableSpec:
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import NamedTuple, cast
 
+from torch.utils.data import get_worker_info
+
 from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.sources import ReadBatch, Source
@@ -26,12 +28,12 @@ from spiral_lightning.sources import ReadBatch, Source
 MOST_READ_THREADS = 4
 
 
-def default_read_threads(processes: int) -> int:
-    """Work items read at once by each of ``processes`` reading processes (DataLoader workers, or
-    1 in the main process) that share this machine's cores: the cores each gets, 1 to
-    ``MOST_READ_THREADS``."""
+def default_read_threads() -> int:
+    """Reads at once in this process when not told: its share of the machine's cores beside the
+    other DataLoader workers (all of them in the main process), 1 to ``MOST_READ_THREADS``."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(MOST_READ_THREADS, cores // max(1, processes)))
+    info = get_worker_info()
+    return max(1, min(MOST_READ_THREADS, cores // (1 if info is None else info.num_workers)))
 
 
 #: Seconds a reading thread waits for room in its queue before it looks again whether its pass
