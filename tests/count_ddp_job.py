@@ -1,5 +1,5 @@
-"""One rank of a two-process job (gloo on CPU) that shares a table's counts, run as a script:
-``--rank r`` of ``--world-size w``, meeting at ``--port``.
+"""One rank of a two-process job (gloo on CPU) that shares a table's counts (``main``, started by
+``tests.ranks.rank_jobs``): ``--rank r`` of ``--world-size w``, meeting at ``--port``.
 
 Each rank calls ``count_shared`` then ``even_rows`` and ``batches`` for ``--epochs`` epochs, as
 the DataModule does, through a source that records its ``count`` and ``read`` calls, and writes
@@ -46,7 +46,7 @@ class CountingSource:
         return self.source.read(items)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
     parser.add_argument("--filter")
@@ -55,7 +55,7 @@ def main() -> None:
     rank_arguments(parser)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with process_group(args):
         spec = TableSpec(args.uri, filter=args.filter)
         placing = {"policy": args.policy, "rank": args.rank, "world_size": args.world_size}

@@ -1,5 +1,6 @@
-"""A model that records what every validation, test and predict step sees, and a script that runs
-it under a two-process DDP Trainer (gloo on CPU): fit with validation, then test, then predict.
+"""A model that records what every validation, test and predict step sees, and ``main``, which
+runs it in each rank of a two-process DDP Trainer (gloo on CPU): fit with validation, then test,
+then predict.
 
 Every evaluation step logs the rows its batch marks valid with ``sync_dist=True`` on each step, a
 collective per step that waits forever when one rank has fewer batches than the other. Each rank
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ class EvalRecorder(Recorder):
         return {"id": batch["id"], VALID: valid}
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--train", required=True)
     parser.add_argument("--val", required=True)
@@ -57,7 +59,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     data = SpiralDataModule(
         train=args.train,

@@ -1,8 +1,8 @@
 """A model that records the row ids it trains on, and a script that runs it under Lightning.
 
-Run as a script it trains one phase of a DDP job (``--devices 2`` by default, gloo on CPU) and writes each
-rank's record to ``<out>/<phase>-rank<r>.json``; Lightning starts rank 1 by running this script
-again, so the test that launches it is never forked.
+``main`` trains one phase of a DDP job (``--devices 2`` by default, gloo on CPU) in each rank
+that ``tests.ranks.torchrun`` starts, and writes each rank's record to
+``<out>/<phase>-rank<r>.json``; run as a script, Lightning starts rank 1 by running it again.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def job_trainer(out: Path, devices: int, max_epochs: int, checkpoint_every: int,
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
     parser.add_argument("--out", required=True)
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=1)
     parser.add_argument("--access", choices=["iterable", "map"], default="iterable")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
     spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)

@@ -5,9 +5,6 @@ uneven tables, the Trainer's epoch reaching the workers, and the errors of bad c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +14,9 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import Shard, SpiralDataModule, Split, TableDataset, TableSpec, balanced, send_by_name
+from tests import lightning_job
 from tests.lightning_job import Recorder, reversed_on_odd_epochs
+from tests.ranks import torchrun
 from tests.tables import KEEP, kept_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,12 +96,7 @@ def test_trainer_epoch_reaches_persistent_workers(make_table: Callable[..., Tabl
 
 
 def run_ddp(out: Path, phase: str, uri: str, *extra: str) -> list[dict[str, Any]]:
-    command = [sys.executable, "-m", "tests.lightning_job", "--uri", uri, "--out", str(out), "--phase", phase]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    torchrun(lightning_job.main, ["--uri", uri, "--out", str(out), "--phase", phase, *extra], 2, out)
     return [json.loads((out / f"{phase}-rank{rank}.json").read_text()) for rank in range(2)]
 
 

@@ -4,9 +4,6 @@ or workers resumes under another, and the epoch still delivers every row exactly
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +11,9 @@ from typing import Any
 import pytest
 
 from spiral_lightning import SpiralDataModule, TableSpec
+from tests import lightning_job
 from tests.lightning_job import Recorder
+from tests.ranks import torchrun
 from tests.test_datamodule import checkpoints, ids_in, trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,11 +41,8 @@ def test_a_run_resumes_under_another_worker_count(
 
 
 def run(out: Path, phase: str, uri: str, devices: int, *extra: str) -> list[dict[str, Any]]:
-    command = [sys.executable, "-m", "tests.lightning_job", "--uri", uri, "--out", str(out), "--phase", phase]
-    command += ["--devices", str(devices), *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    argv = ["--uri", uri, "--out", str(out), "--phase", phase, "--devices", str(devices), *extra]
+    torchrun(lightning_job.main, argv, devices, out)
     return [json.loads((out / f"{phase}-rank{rank}.json").read_text()) for rank in range(devices)]
 
 

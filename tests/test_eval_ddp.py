@@ -5,9 +5,6 @@ table once over the ranks, the ranks with fewer batches ending with padding batc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,8 @@ import pytest
 
 from spiral_lightning import Shard, SpiralDataModule, SpiralLoader, TableDataset, TableSpec, write_table
 from spiral_lightning.lightning.padding import VALID, WithValid, padding_batch, padding_note
+from tests import eval_ddp_job
+from tests.ranks import torchrun
 from tests.tables import KEEP_TEXT, kept_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,11 +133,8 @@ def _drop_valid(batch: dict[str, Any]) -> dict[str, Any]:
 
 def run_job(out: Path, *args: str) -> tuple[list[dict[str, Any]], str]:
     """Each rank's record of ``eval_ddp_job`` run with ``args``, and what the job printed."""
-    command = [sys.executable, "-m", "tests.eval_ddp_job", "--out", str(out), "--batch-size", str(BATCH), *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)], result.stdout + result.stderr
+    printed = torchrun(eval_ddp_job.main, ["--out", str(out), "--batch-size", str(BATCH), *args], 2, out)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)], printed
 
 
 def test_the_padding_note_counts_every_padding_batch() -> None:

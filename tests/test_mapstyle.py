@@ -5,12 +5,8 @@ DataLoader workers, DistributedSampler over two DDP processes, and Grain."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +26,8 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from spiral_lightning import TableMapDataset, TableSpec, WorkItem
 from spiral_lightning.sources import Take, open_source
+from tests import map_ddp_job
+from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,13 +237,6 @@ def test_shuffled_dataloader_with_workers_reads_the_sampler_order(
     assert sorted(i for batch in shuffled for i in batch["id"].tolist()) == KEPT
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_distributed_sampler_over_two_ranks_covers_each_row_once(
@@ -254,20 +245,7 @@ def test_distributed_sampler_over_two_ranks_covers_each_row_once(
     spec = make_table(SIZES, SEED, backend)
     # 82 kept rows split evenly, so DistributedSampler pads no rank with repeated rows.
     assert len(KEPT) % 2 == 0
-    port = free_port()
-    command = [sys.executable, str(ROOT / "tests" / "map_ddp_job.py"), "--uri", spec.uri, "--filter", KEEP_TEXT]
-    command += ["--world-size", "2", "--port", str(port), "--out", str(tmp_path)]
-    ranks = [
-        subprocess.Popen([*command, "--rank", str(rank)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        for rank in range(2)
-    ]
-    try:
-        codes = [rank.wait(timeout=300) for rank in ranks]
-    finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-    assert codes == [0, 0]
+    rank_jobs(map_ddp_job.main, ["--uri", spec.uri, "--filter", KEEP_TEXT, "--out", str(tmp_path)], 2, tmp_path)
     epochs = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     orders = []
     for epoch in range(2):

@@ -6,10 +6,7 @@ by exact id."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,9 +27,10 @@ from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, Ta
 from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.reading.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
+from tests import count_ddp_job
 from tests.count_ddp_job import PACKED_LENGTH
 from tests.loaders import stopped_and_resumed
-from tests.objectstore import free_ports
+from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, write_uneven, write_uneven_parquet
 
 examples = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -270,12 +268,9 @@ def test_ranks_share_the_token_counts_of_a_job(tmp_path: Path, policy: str) -> N
     """Two gloo processes count a packed table's tokens for even batches: each reads the token
     column of half the job's work items, once in three epochs, and gets every rank's counts."""
     spec = write_uneven(tmp_path / "t", corpus([(row * 7) % 23 for row in range(60)]), [10, 0, 15, 20, 15])
-    port, world_size, workers = free_ports(1)[0], 2, 2
-    command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--packed", "tokens"]
-    command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    jobs = [subprocess.Popen([*command, "--rank", str(rank)], cwd=ROOT, env=env) for rank in range(world_size)]
-    assert [job.wait(timeout=300) for job in jobs] == [0, 0]
+    world_size, workers = 2, 2
+    argv = ["--uri", spec.uri, "--packed", "tokens", "--policy", policy, "--out", str(tmp_path)]
+    rank_jobs(count_ddp_job.main, argv, world_size, tmp_path)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     options: dict[str, Any] = {"column": "tokens", "length": PACKED_LENGTH, "batch_size": 3, "policy": policy}
     alone = [PackedDataset(spec, **options, rank=rank, world_size=world_size) for rank in range(world_size)]

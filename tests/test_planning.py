@@ -8,9 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,8 +22,9 @@ from spiral_lightning.core.plan import Plan, Policy
 from spiral_lightning.planning.lists import consumer_rows, distinct, plan_all, stored_rows, unit_key, units
 from spiral_lightning.planning.policies import shuffled_blocks
 from spiral_lightning.reading.frames import Last
+from tests import count_ddp_job
 from tests.count_ddp_job import CountingSource
-from tests.objectstore import free_ports
+from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, KEEP_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -359,12 +357,9 @@ def test_ranks_share_the_filtered_counts_of_a_job(
     make_table: Callable[..., TableSpec], tmp_path: Path, policy: str
 ) -> None:
     spec = make_table(SIZES, seed=5, columns=["id"])
-    port, world_size = free_ports(1)[0], 2
-    command = [sys.executable, str(ROOT / "tests" / "count_ddp_job.py"), "--uri", spec.uri, "--filter", KEEP_TEXT]
-    command += ["--policy", policy, "--world-size", str(world_size), "--port", str(port), "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    jobs = [subprocess.Popen([*command, "--rank", str(rank)], cwd=ROOT, env=env) for rank in range(world_size)]
-    assert [job.wait(timeout=300) for job in jobs] == [0, 0]
+    world_size = 2
+    argv = ["--uri", spec.uri, "--filter", KEEP_TEXT, "--policy", policy, "--out", str(tmp_path)]
+    rank_jobs(count_ddp_job.main, argv, world_size, tmp_path)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     # The units are counted once per job: each rank one call for its share, none in later epochs.
     whole = TableDataset(replace(spec, filter=KEEP_TEXT), batch_size=16, policy=policy, rank=0, world_size=world_size)

@@ -26,7 +26,7 @@ from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 examples = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 policies = st.builds(
-    Shuffled, seed=st.integers(0, 5), block_rows=st.integers(1, 3000), buffer_rows=st.sampled_from([0, 1, 7, 500, 4000])
+    Shuffled, seed=st.integers(0, 5), block_rows=st.integers(1, 1000), buffer_rows=st.sampled_from([0, 1, 7, 300, 1500])
 )
 
 
@@ -56,14 +56,14 @@ def consumer_ids(
 
 @examples
 @given(
-    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=4),
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
     seed=st.integers(0, 50),
     filtered=st.booleans(),
     backend=st.sampled_from(BACKENDS),
     policy=policies,
     world_size=st.integers(1, 3),
     workers=st.integers(1, 3),
-    batch_size=st.one_of(st.none(), st.integers(1, 2000)),
+    batch_size=st.one_of(st.none(), st.integers(1, 700)),
     epoch=st.integers(0, 3),
 )
 def test_every_row_once_per_epoch(
@@ -111,13 +111,13 @@ def test_orders_are_mixed_differ_by_epoch_and_repeat_by_seed(make_table: Callabl
 
 @examples
 @given(
-    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=4),
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
     seed=st.integers(0, 50),
     filtered=st.booleans(),
     backend=st.sampled_from(BACKENDS),
     policy=policies,
     world_size=st.integers(1, 2),
-    batch_size=st.integers(1, 2000),
+    batch_size=st.integers(1, 700),
     epoch=st.integers(0, 2),
     stop=st.floats(0, 1),
 )
