@@ -3,6 +3,7 @@ say about the rows they leave out."""
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec
 from spiral_lightning.datasets.job import even_note
+from spiral_lightning.datasets.loader import referenced_modules
 from tests.loaders import stopped_and_resumed
 
 SIZES = [300, 40, 500, 160]
@@ -92,3 +94,16 @@ def test_even_batches_say_what_they_leave_out_and_warn_past_a_batch_per_consumer
     assert not warn
     note, warn = even_note(0, consumers=4, quota=700, left_out=9300, batch_size=64)
     assert warn and "more than a batch per consumer" in note and "'balanced'" in note
+
+
+def test_the_forkserver_imports_what_a_worker_unpickles(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([10], columns=["id", "x"])
+    dataset = TableDataset(spec, batch_size=5, transform=with_double)
+    found = referenced_modules(dataset)
+    assert {"spiral_lightning.datasets.table", "tests.test_loaders"} <= set(found)
+    assert referenced_modules(lambda batch: batch) == []
+    loader = dataset.loader(num_workers=1)
+    preload = multiprocessing.forkserver._forkserver._preload_modules  # type: ignore[attr-defined]
+    # The main script first (each worker imports it again otherwise), then what the dataset names.
+    assert preload[0] == "__main__" and "tests.test_loaders" in preload
+    assert sorted(ids(loader)) == list(range(10))

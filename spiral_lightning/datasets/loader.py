@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
+import pickle
 from collections.abc import Mapping
+from types import BuiltinFunctionType, FunctionType
 from typing import Any, Protocol
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -19,27 +22,55 @@ class Batched(Protocol):
     def batches(self, workers: int) -> int: ...
 
 
-#: What the forkserver imports before it forks a worker (see ``warm_forkserver``).
-_PRELOAD = ["torch", "pyarrow", "spiral_lightning.datasets.table"]
+#: What the forkserver imports before it forks a worker (see ``warm_forkserver``): the main
+#: script (as Python's own default does: every worker imports it again otherwise), torch, pyarrow
+#: and the table reader.
+_PRELOAD = ["__main__", "torch", "pyarrow", "spiral_lightning.datasets.table"]
 
 
 def warm_forkserver(*modules: str) -> None:
-    """Have the forkserver import torch, pyarrow, the table reader and ``modules`` (added to those
-    asked for before) once, so each worker forks from it in milliseconds instead of importing them
-    again. The server only imports; it never opens a table, so its children may. A server already
-    running keeps what it imported."""
+    """Have the forkserver import the main script, torch, pyarrow, the table reader and
+    ``modules`` (added to those asked for before) once, so each worker forks from it in
+    milliseconds instead of importing them again. The server only imports; it never opens a
+    table, so its children may. A server already running keeps what it imported."""
     _PRELOAD.extend(module for module in modules if module not in _PRELOAD)
     multiprocessing.set_forkserver_preload(list(_PRELOAD))
 
 
-def loader_options(num_workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
+def warm_for(dataset: Any) -> None:
+    """``warm_forkserver`` with the modules a worker imports to unpickle ``dataset`` (those of
+    its transform, collate, policy and classes): a transform in a module that imports Lightning
+    or a tokenizer costs its import once, not once per worker."""
+    warm_forkserver(*referenced_modules(dataset))
+
+
+def referenced_modules(value: Any) -> list[str]:
+    """The modules that unpickling ``value`` imports, in the order pickling meets them; none when
+    ``value`` does not pickle (the DataLoader says why when it sends it to a worker)."""
+    found: dict[str, None] = {}
+
+    class Finder(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, (type, FunctionType, BuiltinFunctionType)):
+                found[getattr(obj, "__module__", None) or "builtins"] = None
+            return NotImplemented
+
+    try:
+        Finder(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(value)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return []
+    return list(found)
+
+
+def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any = None) -> dict[str, Any]:
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
-    ``forkserver`` workers (a parent that opened a table cannot fork), persistent so that start-up
-    is paid once, sending their batches by shared-memory name (see ``send_by_name``)."""
+    ``forkserver`` workers (a parent that opened a table cannot fork) warmed for ``dataset``
+    (``warm_for``), persistent so that start-up is paid once, sending their batches by
+    shared-memory name (see ``send_by_name``)."""
     check_count("num_workers", num_workers)
     settings: dict[str, Any] = {"num_workers": num_workers}
     if num_workers:
-        warm_forkserver()
+        warm_for(dataset)
         settings["multiprocessing_context"] = "forkserver"
         settings["persistent_workers"] = True
     settings.update(options)

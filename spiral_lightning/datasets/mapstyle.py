@@ -124,7 +124,7 @@ class TableMapDataset(Dataset[Any]):
             shuffle=shuffle,
             seed=seed,
         )
-        settings = loader_options(num_workers, options)
+        settings = loader_options(num_workers, options, self)
         loader: StatefulDataLoader = StatefulDataLoader(self, batch_size=batch_size, sampler=sampler, **settings)
         return loader
 

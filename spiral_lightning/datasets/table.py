@@ -158,7 +158,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         go to the loader and override these (``persistent_workers=False``, ``pin_memory=True``)."""
         # Imported here: the loader module builds on this one.
 
-        loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options))
+        loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options, self))
         return loader
 
     def load_elastic(

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from spiral_lightning.datasets.loader import warm_for
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.table import TableDataset
 
@@ -77,6 +78,8 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         pad: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
+        if options.get("num_workers") and options.get("multiprocessing_context") == "forkserver":
+            warm_for(dataset)
         super().__init__(dataset, batch_size=batch_size, **options)
         self.table = dataset
         self.batches = batches
