@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from spiral_lightning.datasets.mapstyle import TableMapDataset
     from spiral_lightning.datasets.mixture import Mixture
     from spiral_lightning.datasets.packing import PackedDataset
+    from spiral_lightning.datasets.stall import StallMeter
     from spiral_lightning.datasets.table import TableDataset
     from spiral_lightning.datasets.windows import WindowDataset, Windows
     from spiral_lightning.lightning.datamodule import SpiralDataModule
     from spiral_lightning.lightning.loader import SpiralLoader
+    from spiral_lightning.lightning.stall import DataStallMeter
     from spiral_lightning.planning.policies import Shuffled, balanced, stripe
     from spiral_lightning.reading.packing import Packing
     from spiral_lightning.reading.tensors import NullError, Nulls, to_torch
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "Cursor": "core.state",
+    "DataStallMeter": "lightning.stall",
     "FrameIndices": "core.media",
     "FrameNeighborhood": "core.media",
     "FrameSlice": "core.media",
@@ -52,6 +55,7 @@ _HOMES = {
     "SpiralDataModule": "lightning.datamodule",
     "SpiralLoader": "lightning.loader",
     "Split": "core.plan",
+    "StallMeter": "datasets.stall",
     "State": "core.state",
     "TableDataset": "datasets.table",
     "TableMapDataset": "datasets.mapstyle",
@@ -70,6 +74,7 @@ _HOMES = {
 
 __all__ = [
     "Cursor",
+    "DataStallMeter",
     "FrameIndices",
     "FrameNeighborhood",
     "FrameSlice",
@@ -87,6 +92,7 @@ __all__ = [
     "SpiralDataModule",
     "SpiralLoader",
     "Split",
+    "StallMeter",
     "State",
     "TableDataset",
     "TableMapDataset",

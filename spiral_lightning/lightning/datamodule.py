@@ -17,13 +17,13 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
 from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
-from spiral_lightning.datasets.loader import warm_forkserver
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_states
 from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
+from spiral_lightning.lightning.stall import DataStallMeter
 from spiral_lightning.planning.policies import as_policy
 from spiral_lightning.reading.frames import LAST_MODES, Last
 from spiral_lightning.reading.packing import Packing
@@ -87,6 +87,10 @@ class SpiralDataModule(pl.LightningDataModule):
 
     With ``persistent_workers`` the workers send their batches by shared-memory name
     (``send_by_name``); workers restarted every epoch keep torch's default.
+
+    ``stall_meter`` adds a ``DataStallMeter`` to the Trainer when fitting (unless it has one):
+    every step logs how long it waited for its batch, and a run whose steps keep waiting warns
+    once, naming the settings that would feed it faster.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class SpiralDataModule(pl.LightningDataModule):
         storage_options: dict[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
         packing: Packing | None = None,
+        stall_meter: bool = True,
     ) -> None:
         super().__init__()
         if packing is not None and (not isinstance(packing, Packing) or access == "map"):
@@ -144,9 +149,6 @@ class SpiralDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.multiprocessing_context = (multiprocessing_context or "forkserver") if num_workers else None
-        if self.multiprocessing_context == "forkserver":
-            # A worker imports the training script again, and the script imports Lightning.
-            warm_forkserver("lightning.pytorch")
         self.even_batches = even_batches
         self.read_ahead = read_ahead
         self.read_threads = read_threads
@@ -155,6 +157,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self.access = access
         self.seed = seed
         self.transform = transform
+        self.stall_meter = stall_meter
         # Lightning warns that any IterableDataset's length "could be inaccurate" with workers; a
         # SpiralLoader's length is the rank's exact batch count, so the warning would only mislead.
         warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
@@ -213,6 +216,11 @@ class SpiralDataModule(pl.LightningDataModule):
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
+        trainer = self.trainer
+        if stage == "fit" and self.stall_meter and trainer is not None:
+            callbacks: list[pl.Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
+            if not any(isinstance(callback, DataStallMeter) for callback in callbacks):
+                callbacks.append(DataStallMeter())
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
