@@ -12,8 +12,8 @@ path takes the best of ``--repeats`` passes, the paths taking turns (each round 
 another one) so that load from other processes falls on all of them alike. Through a DataLoader
 the first pass starts the workers and is not timed; the rate is the best of up to two passes
 after it, so worker start-up is excluded. The last row's workers send their batches by
-shared-memory name (``send_by_name``, what ``SpiralDataModule`` does for persistent workers)
-instead of passing a file descriptor per batch.
+shared-memory name (``send_by_name``, opt-in: it can time out on a machine loaded past its
+cores) instead of passing a file descriptor per batch.
 """
 
 from __future__ import annotations

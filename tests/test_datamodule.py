@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from spiral_lightning import Shard, SpiralDataModule, Split, TableDataset, TableSpec, balanced, send_by_name
+from spiral_lightning import Shard, SpiralDataModule, Split, TableDataset, TableSpec, balanced
 from tests import lightning_job
 from tests.lightning_job import Recorder, reversed_on_odd_epochs
 from tests.ranks import torchrun
@@ -88,11 +88,8 @@ def test_trainer_epoch_reaches_persistent_workers(make_table: Callable[..., Tabl
     fitted.fit(model, datamodule=data)
     # Epochs 0 and 2 read split 0 first; epoch 1 reads the plan reversed.
     assert [ids[0] for _, _, ids in model.seen] == [0, 100, 100, 0, 0, 100]
-    # Persistent workers send their batches by name (their shared-memory managers start once).
-    assert fitted.train_dataloader.worker_init_fn is send_by_name
-    plain = SpiralDataModule(spec, batch_size=100, num_workers=1)
-    plain.setup("fit")
-    assert plain.train_dataloader().worker_init_fn is None
+    # Workers keep torch's sharing strategy: sending by name can time out on a loaded machine.
+    assert fitted.train_dataloader.worker_init_fn is None
 
 
 def run_ddp(out: Path, phase: str, uri: str, *extra: str) -> list[dict[str, Any]]:

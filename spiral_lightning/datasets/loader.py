@@ -12,7 +12,6 @@ from typing import Any, Protocol
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count
-from spiral_lightning.reading.transfer import send_by_name
 
 
 class Batched(Protocol):
@@ -65,8 +64,8 @@ def referenced_modules(value: Any) -> list[str]:
 def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any = None) -> dict[str, Any]:
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
     ``forkserver`` workers (a parent that opened a table cannot fork) warmed for ``dataset``
-    (``warm_for``), persistent so that start-up is paid once, sending their batches by
-    shared-memory name (see ``send_by_name``)."""
+    (``warm_for``), persistent so that start-up is paid once. Batches travel by torch's default
+    sharing strategy; ``worker_init_fn=send_by_name`` is faster and less robust (see there)."""
     check_count("num_workers", num_workers)
     settings: dict[str, Any] = {"num_workers": num_workers}
     if num_workers:
@@ -74,8 +73,6 @@ def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any = 
         settings["multiprocessing_context"] = "forkserver"
         settings["persistent_workers"] = True
     settings.update(options)
-    if settings.get("persistent_workers") and "worker_init_fn" not in options:
-        settings["worker_init_fn"] = send_by_name
     return settings
 
 

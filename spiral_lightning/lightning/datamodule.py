@@ -27,7 +27,6 @@ from spiral_lightning.lightning.stall import DataStallMeter
 from spiral_lightning.planning.policies import as_policy
 from spiral_lightning.reading.frames import LAST_MODES, Last
 from spiral_lightning.reading.packing import Packing
-from spiral_lightning.reading.transfer import send_by_name
 from spiral_lightning.sources import open_source
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
@@ -85,8 +84,8 @@ class SpiralDataModule(pl.LightningDataModule):
     ``TableSpec``); keep secrets in the environment rather than in a YAML file, which
     LightningCLI copies into the run's folder.
 
-    With ``persistent_workers`` the workers send their batches by shared-memory name
-    (``send_by_name``); workers restarted every epoch keep torch's default.
+    Workers send their batches by torch's default sharing strategy, not by name (see
+    ``send_by_name``, which a loader of your own may take).
 
     ``stall_meter`` adds a ``DataStallMeter`` to the Trainer when fitting (unless it has one):
     every step logs how long it waited for its batch, and a run whose steps keep waiting warns
@@ -245,8 +244,6 @@ class SpiralDataModule(pl.LightningDataModule):
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
             "multiprocessing_context": self.multiprocessing_context,
-            # Persistent workers start their shared-memory managers once (see send_by_name).
-            "worker_init_fn": send_by_name if self.persistent_workers else None,
         }
 
     def train_dataloader(self) -> SpiralLoader:

@@ -31,7 +31,10 @@ def send_by_name(worker_id: int | None = None) -> None:
     By name it maps the block directly. The cost: each process that sends by name starts a
     ``torch_shm_manager`` (which frees the blocks of a process that dies before freeing them),
     and it lives as long as the receiving process, so use it with persistent workers, whose
-    managers are started once, not once per epoch.
+    managers are started once, not once per epoch. Nothing turns it on by itself: a worker waits
+    at most a second for its manager's answer to each block it names, and on a machine loaded past
+    its cores that fails the epoch ("Shared memory manager connection has timed out", pytorch
+    issue 129656; seen twice in this project's test runs at 3 processes per core).
     """
     # torch leaves both unannotated.
     if torch.multiprocessing.get_sharing_strategy() != _BY_NAME:  # type: ignore[no-untyped-call]
