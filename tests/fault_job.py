@@ -1,7 +1,8 @@
 """A training job for the fault tests: it writes every step's row ids to disk before the step
 trains, and can kill itself, lose a DataLoader worker or see its table change on cue.
 
-Run as ``python -m tests.fault_job --uri ... --out ...``. Each rank appends one JSON line per
+Its ``main`` runs in each rank that ``tests.ranks.torchrun_ended`` starts (or run it as
+``python -m tests.fault_job --uri ... --out ...``). Each rank appends one JSON line per
 training step to ``<out>/<phase>-rank<r>.jsonl`` (epoch, global step before the step, the batch's
 ids) and syncs it to disk, so the record survives a SIGKILL that comes right after. The options:
 
@@ -87,7 +88,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
     parser.add_argument("--out", required=True)
@@ -101,7 +102,7 @@ def main() -> None:
     parser.add_argument("--kill-at-step", type=int, default=None)
     parser.add_argument("--policy", default="balanced")
     parser.add_argument("--rewrite-after-epoch", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every)
     data = SpiralDataModule(

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.objectstore import free_ports
 
@@ -22,10 +23,27 @@ from tests.objectstore import free_ports
 Job = Callable[[Sequence[str]], object]
 
 
+class Ended(NamedTuple):
+    """How a job's processes ended: each one's exit code (``-9``: SIGKILL; None: still running
+    at the timeout, then killed), what they printed, process by process, and their pids."""
+
+    codes: list[int | None]
+    printed: str
+    pids: list[int]
+
+
 def torchrun(job: Job, argv: Sequence[str], world_size: int, out: Path, timeout: float = 300) -> str:
     """Run ``job(argv)`` in ``world_size`` processes with the variables torchrun sets (``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so that Lightning's DDP
-    finds its ranks launched; one process alone gets none of them. Returns what the ranks printed."""
+    finds its ranks launched; one process alone gets none of them. Fails the test unless every
+    rank succeeds; returns what the ranks printed."""
+    return succeeded(torchrun_ended(job, argv, world_size, out, timeout))
+
+
+def torchrun_ended(
+    job: Job, argv: Sequence[str], world_size: int, out: Path, timeout: float = 300, own_group: bool = False
+) -> Ended:
+    """``torchrun`` that returns how the ranks ended, whatever it was (see ``run_processes``)."""
     port = free_ports(1)[0]
     environments = [
         {
@@ -39,30 +57,45 @@ def torchrun(job: Job, argv: Sequence[str], world_size: int, out: Path, timeout:
         else {}
         for rank in range(world_size)
     ]
-    return run_forked(job, [list(argv)] * world_size, environments, out, timeout)
+    return run_processes(job, [list(argv)] * world_size, environments, out, timeout, own_group)
 
 
 def rank_jobs(job: Job, argv: Sequence[str], world_size: int, out: Path, timeout: float = 300) -> str:
     """Run ``job`` in ``world_size`` processes, each told ``--rank r --world-size w --port p``
-    (the arguments of ``tests.ddp_group``). Returns what the ranks printed."""
+    (the arguments of ``tests.ddp_group``). Fails the test unless every rank succeeds; returns
+    what the ranks printed."""
     port = free_ports(1)[0]
     argvs = [
         [*argv, "--rank", str(rank), "--world-size", str(world_size), "--port", str(port)] for rank in range(world_size)
     ]
-    return run_forked(job, argvs, [{}] * world_size, out, timeout)
+    return succeeded(run_processes(job, argvs, [{}] * world_size, out, timeout))
 
 
-def run_forked(
-    job: Job, argvs: Sequence[Sequence[str]], environments: Sequence[Mapping[str, str]], out: Path, timeout: float
-) -> str:
+def succeeded(ended: Ended) -> str:
+    """What the processes printed, when every one ended with 0; else the test fails with it."""
+    codes, printed, _ = ended
+    assert codes == [0] * len(codes), f"the job's processes ended with {codes} (None: hung):\n{printed[-4000:]}"
+    return printed
+
+
+def run_processes(
+    job: Job,
+    argvs: Sequence[Sequence[str]],
+    environments: Sequence[Mapping[str, str]],
+    out: Path,
+    timeout: float,
+    own_group: bool = False,
+) -> Ended:
     """Run ``job(argv)`` for each of ``argvs`` at once, each in a process forked from the
-    forkserver with its environment variables added, and wait for all. Each process prints into a
-    log under ``out``; a process that fails or outlives ``timeout`` fails the test with the logs."""
+    forkserver with its environment variables added, and wait for all, killing those that
+    outlive ``timeout``. Each process prints into a log under ``out``. With ``own_group`` each
+    process leads a process group of its own (the group's id is its pid), as a job started in a
+    new session does, so that what it leaves behind can be found."""
     context = multiprocessing.get_context("forkserver")
     logs = Path(tempfile.mkdtemp(prefix="logs-", dir=out))
     paths = [logs / f"process{index}.log" for index in range(len(argvs))]
     processes = [
-        context.Process(target=_start, args=(job, list(argv), dict(environment), str(path)))
+        context.Process(target=_start, args=(job, list(argv), dict(environment), str(path), own_group))
         for argv, environment, path in zip(argvs, environments, paths, strict=True)
     ]
     for process in processes:
@@ -70,19 +103,19 @@ def run_forked(
     deadline = time.monotonic() + timeout
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
-    running = [process for process in processes if process.is_alive()]
-    for process in running:
-        process.kill()
-        process.join()
+    codes: list[int | None] = [process.exitcode for process in processes]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
     printed = "".join(path.read_text(errors="replace") for path in paths if path.exists())
-    assert not running, f"the job's processes ran past {timeout} s:\n{printed[-4000:]}"
-    codes = [process.exitcode for process in processes]
-    assert codes == [0] * len(processes), f"the job's processes ended with {codes}:\n{printed[-4000:]}"
-    return printed
+    return Ended(codes, printed, [process.pid for process in processes if process.pid is not None])
 
 
-def _start(job: Job, argv: list[str], environment: dict[str, str], log: str) -> None:
+def _start(job: Job, argv: list[str], environment: dict[str, str], log: str, own_group: bool) -> None:
     """In the forked process: take the environment, print into ``log``, run the job."""
+    if own_group:
+        os.setsid()
     os.environ.update(environment)
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 1)

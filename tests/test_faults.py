@@ -2,8 +2,8 @@
 checkpoint (one process, and two DDP processes), a DataLoader worker that dies, checkpoints that
 are cut short, edited or from elsewhere, and Parquet files rewritten under a running job.
 
-Every job runs in its own process group with a timeout, and the group is killed afterwards, so a
-hang fails the test instead of stalling the suite and no process outlives it.
+Every job's rank runs in its own process group with a timeout, and the group is killed afterwards,
+so a hang fails the test instead of stalling the suite and no process outlives it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,13 +23,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import SpiralDataModule, TableSpec, write_table
+from tests import fault_job
 from tests.fault_job import read_log
 from tests.lightning_job import Recorder
+from tests.ranks import Ended, torchrun_ended
 from tests.tables import layout_table, write_layout
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 SIZES = [300, 40, 500, 160]
 #: Seconds a job may take before the test calls it hung; a healthy one takes well under a minute.
 JOB_TIMEOUT = 240
@@ -39,33 +38,27 @@ JOB_TIMEOUT = 240
 GROUP_GRACE = 20
 
 
-def run_job(out: Path, phase: str, uri: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """Runs ``tests.fault_job`` in a new process group, kills whatever of the group is left when
-    it ends, and fails the test on a timeout.
+def run_job(out: Path, phase: str, uri: str, *options: str) -> Ended:
+    """Runs ``tests.fault_job`` in its ranks (``--devices``, 1 by default), each leading a process
+    group of its own, kills whatever of the groups is left when they end, and fails the test on a
+    timeout.
 
     What is left matters: DataLoader workers started by a forkserver have the server as parent and
     keep it alive, so when the training process is SIGKILLed neither notices, and they would hold
-    the job's output open (and the machine's memory) forever. The output goes to files for that
-    reason: a pipe would stay open in them.
+    the job's output open (and the machine's memory) forever.
 
     What is left is given time to end by itself first: the job's multiprocessing resource tracker
     is in the group, and only when it ends on its own does it unlink the named semaphores of a
     killed process (``/dev/shm/sem.mp-*``), which a SIGKILL would leave behind for good.
     """
-    command = [sys.executable, "-m", "tests.fault_job", "--uri", uri, "--out", str(out), "--phase", phase, *options]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    stdout_path, stderr_path = out / f"{phase}.stdout", out / f"{phase}.stderr"
-    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
-        job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
-        try:
-            job.wait(timeout=JOB_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            _kill_group(job.pid)
-            job.wait()
-            pytest.fail(f"the {phase} job did not end within {JOB_TIMEOUT} s: a hang")
-        finally:
-            _end_group(job.pid)
-    return subprocess.CompletedProcess(command, job.returncode, stdout_path.read_text(), stderr_path.read_text())
+    devices = int(options[options.index("--devices") + 1]) if "--devices" in options else 1
+    argv = ["--uri", uri, "--out", str(out), "--phase", phase, *options]
+    ended = torchrun_ended(fault_job.main, argv, devices, out, JOB_TIMEOUT, own_group=True)
+    for group in ended.pids:
+        _end_group(group)
+    if None in ended.codes:
+        pytest.fail(f"the {phase} job did not end within {JOB_TIMEOUT} s: a hang\n{ended.printed[-4000:]}")
+    return ended
 
 
 def _end_group(group: int) -> None:
@@ -128,7 +121,7 @@ def test_sigkill_mid_epoch_then_resume_delivers_the_epoch_once(
     common = ["--devices", str(devices), "--batch-size", str(batch_size), "--max-epochs", str(epochs)]
     faults = ["--checkpoint-every", str(every), "--kill-at-step", str(kill_at)]
     killed = run_job(tmp_path, "killed", spec.uri, *common, *faults)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert killed.codes == [-signal.SIGKILL] * devices, killed.printed[-4000:]
     step, checkpoint = last_checkpoint(tmp_path)
     assert step == kill_at // every * every
     before = [read_log(tmp_path / f"killed-rank{rank}.jsonl") for rank in range(devices)]
@@ -136,7 +129,7 @@ def test_sigkill_mid_epoch_then_resume_delivers_the_epoch_once(
     assert [max(record["step"] for record in records) for records in before] == [kill_at] * devices
 
     resumed = run_job(tmp_path, "resumed", spec.uri, *common, "--ckpt-path", str(checkpoint))
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.codes == [0] * devices, resumed.printed[-4000:]
     after = [read_log(tmp_path / f"resumed-rank{rank}.jsonl") for rank in range(devices)]
     assert all(record["epoch"] >= epoch and record["step"] >= step for records in after for record in records)
     delivered = [i for rank in range(devices) for i in ids(before[rank], epoch, step) + ids(after[rank], epoch)]
@@ -148,9 +141,9 @@ def test_a_dead_dataloader_worker_fails_the_fit(make_table: Callable[..., TableS
     job = run_job(
         tmp_path, "dies", spec.uri, "--batch-size", "50", "--workers", "1", "--policy", "tests.fault_job.dies_in_worker"
     )
-    assert job.returncode not in (0, -signal.SIGKILL), job.stderr[-4000:]
+    assert job.codes[0] not in (0, -signal.SIGKILL), job.printed[-4000:]
     dead = r"RuntimeError: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
-    assert re.search(dead, job.stderr), job.stderr[-4000:]
+    assert re.search(dead, job.printed), job.printed[-4000:]
     assert read_log(tmp_path / "dies-rank0.jsonl") == []
 
 
@@ -164,9 +157,9 @@ def test_parquet_files_rewritten_between_epochs_stop_the_fit(tmp_path: Path) -> 
         spec.uri,
         *("--batch-size", "50", "--workers", "1", "--max-epochs", "2", "--rewrite-after-epoch", str(part)),
     )
-    assert job.returncode not in (0, -signal.SIGKILL), job.stderr[-4000:]
-    assert f"changed {str(part)!r}" in job.stderr, job.stderr[-4000:]
-    assert "rows of another version are never mixed in" in job.stderr
+    assert job.codes[0] not in (0, -signal.SIGKILL), job.printed[-4000:]
+    assert f"changed {str(part)!r}" in job.printed, job.printed[-4000:]
+    assert "rows of another version are never mixed in" in job.printed
     records = read_log(tmp_path / "rewritten-rank0.jsonl")
     # The first epoch read the pinned files whole; the second delivered no row of the rewritten ones.
     assert sorted(ids(records, 0)) == list(range(1000))
