@@ -94,6 +94,8 @@ def start_order(item: pytest.Item) -> tuple[int, bool]:
     return longest, item.get_closest_marker("slow") is None
 
 
+# First: xdist turns the groups into node ids in a hook of its own, and misses any added after it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Start the multi-process tests (marked ``slow``) first, so that a long one is not left
     running alone at the end of a parallel run; put the tests that share a session resource into
