@@ -61,7 +61,7 @@ def referenced_modules(value: Any) -> list[str]:
     return list(found)
 
 
-def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any = None) -> dict[str, Any]:
+def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any) -> dict[str, Any]:
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
     ``forkserver`` workers (a parent that opened a table cannot fork) warmed for ``dataset``
     (``warm_for``), persistent so that start-up is paid once. Batches travel by torch's default
