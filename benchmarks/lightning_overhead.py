@@ -33,7 +33,7 @@ import torch
 
 from spiral_lightning import SpiralDataModule
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
-from spiral_lightning.demos.tabular import demo_table
+from spiral_lightning.demos.data import demo_table
 
 
 class Touch(pl.LightningModule):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -54,17 +55,27 @@ def s3_server() -> Iterator[S3Server]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def local_ray() -> Iterator[None]:
-    """One small local Ray for the whole session of a test process (two CPUs, a 200 MB object
-    store): starting one takes seconds, so the tests of an xdist group that needs Ray share it
-    (``ray``, and ``ray_train`` for the TorchTrainer runs; see ``pytest_collection_modifyitems``)."""
+@pytest.fixture
+def local_ray() -> None:
+    """A small local Ray (two CPUs, a 200 MB object store), started by the first test that needs
+    one and shared by those that follow it in the same test process (``ray``, and ``ray_train``
+    for the TorchTrainer runs, are xdist groups: see ``pytest_collection_modifyitems``). It is
+    shut down after the last of them (``pytest_runtest_teardown``): an idle Ray keeps a sixth of
+    a core busy, and Ray Train leaves a run's controller actors alive until then."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     import ray
 
-    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut the local Ray down when the next test of this process does not use it."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    if nextitem is None or "local_ray" not in getattr(nextitem, "fixturenames", ()):
+        ray.shutdown()
 
 
 #: Tests that must run in one process of a parallel run: each group shares a resource there.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spiral_lightning.demos.tabular import demo_table
+from spiral_lightning.demos.data import demo_table
 from spiral_lightning.lightning.cli import main
 
 

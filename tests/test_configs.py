@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from spiral_lightning import PackedDataset
-from spiral_lightning.demos.lm import corpus_tables
+from spiral_lightning.demos.data import corpus_tables
 from spiral_lightning.lightning.cli import main
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))

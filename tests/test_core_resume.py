@@ -186,9 +186,10 @@ def test_stateful_dataloader_resumes_exactly(
     spec = make_table(sizes, seed=11, backend=backend, columns=["id", "x"], filter=KEEP_TEXT)
 
     def loader() -> StatefulDataLoader:
-        # One case starts its workers by spawn; the rest fork them from the preloaded forkserver,
-        # which starts them in milliseconds.
-        context = None if not workers else "spawn" if (workers, stop) == (2, 7) else "forkserver"
+        # One case starts its workers by spawn (a fresh interpreter each, seconds of imports); the
+        # rest fork them from the preloaded forkserver, which starts them in milliseconds.
+        spawned = (workers, stop, backend) == (2, 7, "spiral")
+        context = None if not workers else "spawn" if spawned else "forkserver"
         dataset = TableDataset(spec, batch_size=500)
         return StatefulDataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
 

@@ -128,3 +128,15 @@ def test_importing_the_package_and_its_datasets_loads_nothing_heavy() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_a_demo_table_loads_neither_lightning_nor_a_model() -> None:
+    """A script that only writes a demo table is imported again by every DataLoader worker (and by
+    every Ray Train worker); Lightning would cost each of them seconds."""
+    code = (
+        "import sys\n"
+        "from spiral_lightning.demos.data import corpus_tables, demo_image_folder, demo_table\n"
+        "print([name for name in ('lightning', 'pytorch_lightning', 'torch') if name in sys.modules])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

@@ -102,8 +102,8 @@ def test_specs_are_plain_values() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: Image("img", size=(0, 10)), "Image.size height must be an int of at least 1"),
-        (lambda: Image("img", size=(10, 0)), "Image.size width must be an int of at least 1"),
+        (lambda: Image("img", size=(0, 10)), "Image.size height must be a positive int"),
+        (lambda: Image("img", size=(10, 0)), "Image.size width must be a positive int"),
         (lambda: Image("img", size=(10,)), r"Image.size must be \(height, width\)"),
         (lambda: Video("v", FrameSlice(0, 4), size=(4, 5, 6)), r"Video.size must be \(height, width\)"),
         (lambda: Image("img", layout="NHWC"), "Image.layout must be one of"),
@@ -113,13 +113,13 @@ def test_specs_are_plain_values() -> None:
         (lambda: Video("v", frames=(0, 4)), "Video.frames must be a FrameSlice"),
         (lambda: Video("v", FrameSlice(0, 4), layout="THWC3"), "Video.layout"),
         (lambda: FrameSlice(4, 4), r"stop \(4\) must be after start \(4\)"),
-        (lambda: FrameSlice(0, 4, 0), "step must be an int of at least 1"),
-        (lambda: FrameSlice(-1, 4), "start must be an int of at least 0"),
+        (lambda: FrameSlice(0, 4, 0), "step must be a positive int"),
+        (lambda: FrameSlice(-1, 4), "start must be a non-negative int"),
         (lambda: FrameIndices(()), "must be a non-empty list"),
-        (lambda: FrameIndices((1, -2)), "a frame index must be an int of at least 0"),
+        (lambda: FrameIndices((1, -2)), "a frame index must be a non-negative int"),
         (lambda: FrameTimes((0.5, -1.0)), "finite, non-negative number of seconds"),
         (lambda: FrameTimes((float("nan"),)), "finite, non-negative"),
-        (lambda: FrameNeighborhood(1.0, 0), "count must be an int of at least 1"),
+        (lambda: FrameNeighborhood(1.0, 0), "count must be a positive int"),
     ],
 )
 def test_invalid_specs_raise(make: Any, message: str) -> None:

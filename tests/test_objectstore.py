@@ -26,7 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec, write_table
 from spiral_lightning.core.plan import fingerprint
 from spiral_lightning.core.storage import StorageOptions
-from spiral_lightning.demos.tabular import demo_data
+from spiral_lightning.demos.data import demo_data
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.sources.stores import locate
 from tests.lightning_job import Recorder

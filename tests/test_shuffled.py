@@ -182,5 +182,5 @@ def test_policy_names_carry_their_settings(make_table: Callable[..., TableSpec])
     next(iter(saved))
     with pytest.raises(ValueError, match=r"policy: saved 'spiral_lightning\.work\.Shuffled\(seed=1"):
         TableDataset(spec, batch_size=10, policy=Shuffled(seed=2)).load_state_dict(saved.state_dict())
-    with pytest.raises(ValueError, match="Shuffled's block_rows must be an int of at least 1"):
+    with pytest.raises(ValueError, match="Shuffled's block_rows must be a positive int"):
         Shuffled(block_rows=0)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+from spiral_lightning.core.checks import check_count, check_positive
+
 Dtype = Literal["uint8", "float32"]
 
 
@@ -29,12 +31,6 @@ _NORMALIZE: tuple[Normalize, ...] = ("unit", "imagenet")
 
 class DecodeError(ValueError):
     """A value that cannot be decoded as the projection asks, with the decoder's reason."""
-
-
-def _int(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
-    return value
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -65,9 +61,9 @@ class FrameSlice:
     step: int = 1
 
     def __post_init__(self) -> None:
-        _int("FrameSlice.start", self.start, 0)
-        _int("FrameSlice.step", self.step, 1)
-        if self.stop is not None and _int("FrameSlice.stop", self.stop, 0) <= self.start:
+        check_count("FrameSlice.start", self.start)
+        check_positive("FrameSlice.step", self.step)
+        if self.stop is not None and check_count("FrameSlice.stop", self.stop) <= self.start:
             raise ValueError(f"FrameSlice.stop ({self.stop}) must be after start ({self.start})")
 
 
@@ -81,7 +77,7 @@ class FrameIndices:
     def __post_init__(self) -> None:
         indices = _sequence("FrameIndices.indices", self.indices)
         for index in indices:
-            _int("a frame index", index, 0)
+            check_count("a frame index", index)
         object.__setattr__(self, "indices", indices)
 
 
@@ -109,8 +105,8 @@ class FrameNeighborhood:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "time", _seconds("FrameNeighborhood.time", self.time))
-        _int("FrameNeighborhood.count", self.count, 1)
-        _int("FrameNeighborhood.step", self.step, 1)
+        check_positive("FrameNeighborhood.count", self.count)
+        check_positive("FrameNeighborhood.step", self.step)
 
 
 #: Which frames of a video a ``Video`` projection decodes.
@@ -122,7 +118,7 @@ def _size(name: str, value: Any) -> tuple[int, int] | None:
         return None
     if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2:
         raise ValueError(f"{name} must be (height, width), not {value!r}")
-    return (_int(f"{name} height", value[0], 1), _int(f"{name} width", value[1], 1))
+    return (check_positive(f"{name} height", value[0]), check_positive(f"{name} width", value[1]))
 
 
 def _check_pixels(kind: str, dtype: Any, normalize: Any) -> None:

@@ -14,6 +14,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from spiral_lightning.core.checks import check_positive
+
 #: What happens to a row longer than ``Padded.max_length``: an error, or its values past the
 #: maximum are dropped.
 Overflow = Literal["raise", "truncate"]
@@ -46,8 +48,8 @@ class Padded:
         if not isinstance(self.column, str) or not self.column:
             raise ValueError(f"Padded needs the name of a ragged column, not {self.column!r}")
         limit = self.max_length
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"Padded({self.column!r}) max_length must be a positive int or None, not {limit!r}")
+        if limit is not None:
+            check_positive(f"Padded({self.column!r}) max_length", limit, "or None")
         if self.fixed and limit is None:
             raise ValueError(f"Padded({self.column!r}, fixed=True) pads to max_length, so it needs one")
         if isinstance(self.pad, bool) or not isinstance(self.pad, int | float):

@@ -96,10 +96,8 @@ class TableSpec:
             )
         if (self.cache_dir is None) != (self.cache_bytes is None):
             raise ValueError("cache_dir and cache_bytes go together: a cache folder and its budget in bytes")
-        if self.cache_bytes is not None and (
-            isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 1
-        ):
-            raise ValueError(f"cache_bytes must be a positive int, not {self.cache_bytes!r}")
+        if self.cache_bytes is not None:
+            check_positive("cache_bytes", self.cache_bytes)
         check_positive("prefetch", self.prefetch, "row groups in flight")
         if self.columns is not None:
             columns: Any = self.columns

@@ -7,39 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image as PILImage
 from torch import nn
 
 from spiral_lightning.core.media import Image
 from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.demos.data import COLOURS, demo_image_folder
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 from spiral_lightning.lightning.padding import VALID
 from spiral_lightning.media.ingest import ingest_images
 
-#: Each class is a dominant colour; the images add noise and a random patch of another colour.
-COLOURS = {"red": (200, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 200), "yellow": (210, 200, 40)}
-
-
-def demo_image_folder(root: str | Path, per_class: int = 96, seed: int = 0) -> Path:
-    """A class-per-subfolder folder of JPEGs at ``root`` (written when missing): ``per_class``
-    images of each colour class, a fifth of them named ``val-*`` and the rest ``train-*``."""
-    root = Path(root)
-    if root.is_dir() and any(root.iterdir()):
-        return root
-    generator = np.random.default_rng(seed)
-    for name, colour in COLOURS.items():
-        (root / name).mkdir(parents=True)
-        for number in range(per_class):
-            width, height = generator.integers(40, 80, 2)
-            pixels = np.clip(np.array(colour) + generator.normal(0, 30, (height, width, 3)), 0, 255)
-            top, left = generator.integers(0, height // 2), generator.integers(0, width // 2)
-            pixels[top : top + height // 3, left : left + width // 3] = generator.integers(0, 255, 3)
-            split = "val" if number % 5 == 0 else "train"
-            PILImage.fromarray(pixels.astype(np.uint8)).save(root / name / f"{split}-{number:04d}.jpg", quality=90)
-    return root
+#: ``demo_image_folder`` lives in ``spiral_lightning.demos.data``; this path still works.
+__all__ = ["COLOURS", "ImageDemoDataModule", "ImageDemoModel", "demo_image_folder"]
 
 
 class ImageDemoModel(pl.LightningModule):

@@ -1,9 +1,6 @@
 """The language-model demo: a corpus of token documents stored as embedded local tables, a
 DataModule that packs the train documents into blocks and pads the validation documents, and a
-small model that learns the corpus's next-token rule.
-
-The corpus follows a fixed rule so a model can learn it: each token is followed by
-``(3 * token + 1) % vocabulary`` most of the time, else by a random token.
+small model that learns the corpus's next-token rule (``spiral_lightning.demos.data``).
 """
 
 from __future__ import annotations
@@ -12,53 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
-import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
 from spiral_lightning.core.sequences import LENGTH_SUFFIX, Padded
 from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.demos.data import SEPARATOR, TOKENS, VOCABULARY, corpus, corpus_tables
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 from spiral_lightning.lightning.padding import VALID
 from spiral_lightning.reading.packing import POSITIONS, Packing
-from spiral_lightning.sources.spiral import IDS_FILE
-from spiral_lightning.sources.write import write_table
 
-#: Token ids of the demo corpus are ``1..VOCABULARY - 1``; 0 separates documents.
-VOCABULARY = 512
-SEPARATOR = 0
-#: The column that holds each document's token ids.
-TOKENS = "tokens"
-
-
-def corpus(documents: int, seed: int = 0) -> pa.Table:
-    """``documents`` documents of 1 to 300 token ids following the corpus's rule."""
-    generator = np.random.default_rng(seed)
-    lengths = generator.integers(1, 301, documents)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-    tokens[starts] = generator.integers(1, VOCABULARY, documents)
-    # Position by position across every document still that long.
-    for step in range(1, int(lengths.max())):
-        at = starts[lengths > step] + step
-        follows = tokens[at - 1] * 3 % (VOCABULARY - 1) + 1
-        noisy = generator.random(at.size) < 0.1
-        tokens[at] = np.where(noisy, generator.integers(1, VOCABULARY, at.size), follows)
-    offsets = np.concatenate((starts, [tokens.size])).astype(np.int32)
-    return pa.table({TOKENS: pa.ListArray.from_arrays(offsets, pa.array(tokens.astype(np.int32)))})
-
-
-def corpus_tables(root: str | Path, documents: int = 4_000, split_rows: int = 500) -> tuple[TableSpec, TableSpec]:
-    """The train and validation corpora under ``root`` (``train``, ``val``: a tenth as many
-    documents, another seed), written there first when missing."""
-    specs = []
-    for name, count, seed in (("train", documents, 0), ("val", max(1, documents // 10), 1)):
-        folder = Path(root) / name
-        if not (folder / IDS_FILE).exists():
-            write_table(f"spiral:{folder}", corpus(count, seed), split_rows=split_rows)
-        specs.append(TableSpec(f"spiral:{folder}"))
-    return specs[0], specs[1]
+#: ``corpus`` and ``corpus_tables`` live in ``spiral_lightning.demos.data``; these paths still work.
+__all__ = ["SEPARATOR", "TOKENS", "VOCABULARY", "BigramLM", "CorpusDataModule", "corpus", "corpus_tables"]
 
 
 class BigramLM(pl.LightningModule):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, is_dataclass
 
 import numpy as np
 
+from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, Split, WorkItem, as_plan, share
 
 
@@ -46,10 +47,9 @@ class Shuffled:
     buffer_rows: int = 0
 
     def __post_init__(self) -> None:
-        for name, least in (("seed", 0), ("block_rows", 1), ("buffer_rows", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"Shuffled's {name} must be an int of at least {least}, not {value!r}")
+        check_count("Shuffled's seed", self.seed)
+        check_positive("Shuffled's block_rows", self.block_rows)
+        check_count("Shuffled's buffer_rows", self.buffer_rows)
 
     def __call__(self, plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list[WorkItem]:
         plan = as_plan(plan)

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from spiral_lightning.core.checks import check_positive
+from spiral_lightning.core.checks import check_positive, is_int
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
 from spiral_lightning.reading.frames import Last, Run, cursor_after, runs
@@ -63,7 +63,7 @@ class Packing:
             raise ValueError(f"Packing needs the name of a token column other than {POSITIONS!r}, not {self.column!r}")
         check_positive("the block length", self.length)
         separator = self.separator
-        if separator is not None and (isinstance(separator, bool) or not isinstance(separator, int)):
+        if separator is not None and not is_int(separator):
             raise ValueError(f"the separator must be a token id (an int) or None, not {separator!r}")
 
     def settings(self) -> list[Any]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from spiral_lightning.core.checks import check_positive
+
 #: The suffix of a complete entry; temporary files being written have another.
 _SUFFIX = ".bytes"
 
@@ -26,8 +28,7 @@ class ByteCache:
     budget is never kept). Reading an entry marks it recently used."""
 
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"a cache's byte budget is a positive int, not {max_bytes!r}")
+        check_positive("a cache's byte budget", max_bytes)
         self.folder = Path(folder)
         self.max_bytes = max_bytes
         try:
