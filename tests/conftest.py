@@ -59,7 +59,7 @@ def s3_server() -> Iterator[S3Server]:
 def local_ray() -> None:
     """A small local Ray (two CPUs, a 200 MB object store), started by the first test that needs
     one and shared by those that follow it in the same test process (``ray``, and ``ray_train``
-    for the TorchTrainer runs, are xdist groups: see ``pytest_collection_modifyitems``). It is
+    for the TorchTrainer run, are xdist groups: see ``pytest_collection_modifyitems``). It is
     shut down after the last of them (``pytest_runtest_teardown``): an idle Ray keeps a sixth of
     a core busy, and Ray Train leaves a run's controller actors alive until then."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -92,7 +92,6 @@ LONGEST = (
     "ddp_run",
     "ddp_map_run",
     "ddp-2-ranks",
-    "stopped_mid_epoch",
     "command_fits",
     "Variable-length",
     "Elastic resume",
@@ -111,8 +110,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Start the multi-process tests (marked ``slow``) first, so that a long one is not left
     running alone at the end of a parallel run; put the tests that share a session resource into
     one xdist group (``--dist loadgroup`` sends a group to one worker) and let every other test go
-    to any worker. A test that names its own group keeps it: the TorchTrainer runs share a second
-    Ray, so that the Ray tests take two workers rather than one worker most of the run."""
+    to any worker. A test that names its own group keeps it: the TorchTrainer run has a second Ray
+    of its own, so that the Ray tests take two workers rather than one worker most of the run."""
     items.sort(key=start_order)
     for item in items:
         if item.get_closest_marker("xdist_group"):

@@ -188,7 +188,7 @@ def test_stateful_dataloader_resumes_exactly(
     def loader() -> StatefulDataLoader:
         # One case starts its workers by spawn (a fresh interpreter each, seconds of imports); the
         # rest fork them from the preloaded forkserver, which starts them in milliseconds.
-        spawned = (workers, stop, backend) == (2, 7, "spiral")
+        spawned = (workers, stop, backend) == (1, 7, "spiral")
         context = None if not workers else "spawn" if spawned else "forkserver"
         dataset = TableDataset(spec, batch_size=500)
         return StatefulDataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)

@@ -164,7 +164,7 @@ def test_a_take_from_a_file_rewritten_in_place_fails(tmp_path: Path) -> None:
 def test_a_file_changed_mid_epoch_fails_loudly_in_the_worker(tmp_path: Path) -> None:
     spec = write_table(f"parquet:{tmp_path / 'p'}", numbers(0, 4000), split_rows=1000)
     loader = DataLoader(
-        TableDataset(spec, batch_size=500), batch_size=None, num_workers=1, multiprocessing_context="spawn"
+        TableDataset(spec, batch_size=500), batch_size=None, num_workers=1, multiprocessing_context="forkserver"
     )
     assert len(list(loader)) == 8
     rewrite(tmp_path / "p" / "part-00000.parquet", numbers(0, 4000))

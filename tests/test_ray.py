@@ -4,8 +4,9 @@ rows, resuming a stopped run from its checkpoint, and the errors of bad input.""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,12 +20,12 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import ray
 import ray.train
-from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train import Checkpoint
 
 from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
 from spiral_lightning import Shard, TableDataset, TableSpec, write_table
+from spiral_lightning.demos.tabular import DemoModel
 from tests.objectstore import S3Server
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
 
@@ -86,10 +87,7 @@ def test_datasource_plans_tasks_from_the_work_items(make_table: Callable[..., Ta
 def read_ids(config: dict[str, Any]) -> None:
     """A Ray Train loop: read this rank's rows through ``train_loader``, append each batch's ids
     to ``<out>/<run>-rank<r>.txt``, and with ``stop_at`` report a checkpoint after that batch
-    and fail, as a job killed mid-epoch would. A run that Ray Train restarted from a checkpoint
-    writes to ``<run>-resumed-rank<r>.txt`` and does not stop."""
-    if ray.train.get_checkpoint() is not None:
-        config = {**config, "run": f"{config['run']}-resumed", "stop_at": None}
+    and fail, as a job killed mid-epoch would."""
     loader = train_loader(
         config["spec"],
         batch_size=config["batch_size"],
@@ -111,25 +109,11 @@ def read_ids(config: dict[str, Any]) -> None:
                 raise RuntimeError("stopped on purpose after the checkpoint")
 
 
-def fit(config: dict[str, Any], storage: Path, name: str, max_failures: int) -> ray.train.Result:
-    """Run ``read_ids`` on two workers; Ray Train restarts a failed run up to ``max_failures``
-    times, from its latest checkpoint."""
-    trainer = TorchTrainer(
-        read_ids,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(
-            name=name, storage_path=str(storage), failure_config=FailureConfig(max_failures=max_failures)
-        ),
-    )
-    return trainer.fit()
-
-
 class FakeContext(NamedTuple):
     """What ``train_loader`` asks of Ray Train's context: this worker's rank in a world. It stands
-    in for a TorchTrainer worker (with no checkpoint to resume) so that a rank's reading is checked
-    in this process, in seconds; the real TorchTrainer runs below (a stopped and resumed job, the
-    CLI) check the same through Ray Train itself."""
+    in for a TorchTrainer worker so that a rank's reading and resuming are checked in this process,
+    in seconds; the real TorchTrainer runs (the CLI's below, which Ray Train restarts from its
+    checkpoint, and the README's plain loop) check the same through Ray Train itself."""
 
     rank: int
     world_size: int
@@ -142,12 +126,16 @@ class FakeContext(NamedTuple):
 
 
 def read_in_process(
-    config: dict[str, Any], monkeypatch: pytest.MonkeyPatch, world_size: int = 2, checkpoint: Checkpoint | None = None
+    config: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    world_size: int = 2,
+    checkpoint: Checkpoint | None = None,
+    ranks: Sequence[int] | None = None,
 ) -> None:
-    """Run ``read_ids`` once per rank in this process, each under a context of that rank that
-    resumes from ``checkpoint``."""
+    """Run ``read_ids`` once for each of ``ranks`` (default: every rank) in this process, each
+    under a context of that rank that resumes from ``checkpoint``."""
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: checkpoint)
-    for rank in range(world_size):
+    for rank in range(world_size) if ranks is None else ranks:
         monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, world_size))
         read_ids(config)
 
@@ -170,33 +158,40 @@ def test_trainer_workers_read_exactly_their_ranks_rows(
         assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2)
 
 
-@pytest.mark.xdist_group("ray_train")
-def test_run_stopped_mid_epoch_resumes_every_row_once(
+def test_a_run_stopped_mid_epoch_resumes_every_row_once(
     make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One TorchTrainer run whose workers fail after a checkpoint: Ray Train restarts them, and
-    ``train_loader`` puts each rank back at the position it saved there."""
+    """Each rank reports a checkpoint and fails mid-epoch; a run restarted from that checkpoint
+    reads the rest of each rank's rows once (in this process: Ray Train's own restart is the
+    CLI test's)."""
     # Striped, rank 0 has 800 rows and rank 1 1600: even batches give each 800, 8 batches of 100,
-    # so neither rank waits on the other, and the resume keeps that quota.
+    # and the resume keeps that quota.
     spec = make_table(SPLITS)
     out = tmp_path / "ids"
     out.mkdir()
-    config = {"spec": spec, "batch_size": 100, "workers": 0, "out": str(out), "policy": "stripe"}
-    storage = tmp_path / "runs"
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    config = {"spec": spec, "batch_size": 100, "workers": 1, "out": str(out), "policy": "stripe"}
 
-    result = fit({**config, "run": "first", "stop_at": 2}, storage, "job", max_failures=1)
-    assert result.error is None
-    (checkpoint,) = [path for path in (storage / "job").glob("checkpoint_*") if path.is_dir()]
+    def report(metrics: dict[str, Any], checkpoint: Checkpoint) -> None:
+        # As Ray Train keeps one folder per checkpoint, into which every rank reports its files.
+        shutil.copytree(checkpoint.path, tmp_path / "checkpoint", dirs_exist_ok=True)
+
+    monkeypatch.setattr(ray.train, "report", report)
+    for rank in range(2):
+        with pytest.raises(RuntimeError, match="stopped on purpose"):
+            read_in_process({**config, "run": "first", "stop_at": 2}, monkeypatch, ranks=[rank])
     assert sorted(path.name for path in checkpoint.iterdir()) == ["spiral-loader-rank0.pt", "spiral-loader-rank1.pt"]
+
+    read_in_process({**config, "run": "second"}, monkeypatch, checkpoint=Checkpoint(str(checkpoint)))
     quota = min(len(rank_ids(spec, rank, 2)) for rank in range(2))
     assert quota == 800
     for rank in range(2):
-        first, second = ids_of(out, "first", rank), ids_of(out, "first-resumed", rank)
+        first, second = ids_of(out, "first", rank), ids_of(out, "second", rank)
         assert len(first) == 3 * 100
         assert first + second == rank_ids(spec, rank, 2)[:quota]
 
-    # The checkpoint refuses another version of the table (checked in this process: another
-    # TorchTrainer run would check the same train_loader call at ten times the cost).
+    # The checkpoint refuses another version of the table.
     other = make_table(SPLITS, seed=1)
     with pytest.raises(ValueError, match="differs in version"):
         read_in_process({**config, "spec": other, "run": "other"}, monkeypatch, checkpoint=Checkpoint(str(checkpoint)))
@@ -214,21 +209,48 @@ def test_missing_table_fails_in_the_driver_and_in_a_train_worker(
         read_in_process(config, monkeypatch)
 
 
+class RecordingModel(DemoModel):
+    """The demo model, appending each training batch's ids to ``<out>/<attempt>-rank<r>.txt``
+    (``first``, or ``resumed`` once restored from a checkpoint); the first attempt fails as step
+    ``fail_at`` starts, as a preempted worker would."""
+
+    def __init__(self, out: str, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.out = Path(out)
+        self.fail_at = fail_at
+        self.attempt = "first"
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.attempt = "resumed"
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.attempt == "first" and self.trainer.global_step == self.fail_at:
+            raise RuntimeError("stopped on purpose after the checkpoint")
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        with (self.out / f"{self.attempt}-rank{self.global_rank}.txt").open("a") as file:
+            file.write("".join(f"{i}\n" for i in batch["id"].tolist()))
+        return super().training_step(batch, batch_idx)
+
+
 @pytest.mark.xdist_group("ray_train")
-def test_command_fits_the_datamodule_on_ray_train_workers(tmp_path: Path) -> None:
+def test_command_fits_the_datamodule_on_ray_train_workers_and_resumes_a_restarted_run(tmp_path: Path) -> None:
     """``spiral-lightning-ray``'s run: the SpiralDataModule under RayDDPStrategy takes its ranks
-    from the Trainer, and the reported checkpoint holds both ranks' positions."""
+    from the Trainer, the reported checkpoints hold both ranks' positions, and when the workers
+    fail after one, Ray Train restarts them from it and each rank reads on from its position."""
+    out = tmp_path / "ids"
+    out.mkdir()
     config = tmp_path / "ray_train.yaml"
     config.write_text(
         f"""
-ray: {{num_workers: 2, storage_path: {tmp_path / "runs"}, name: demo, checkpoint_every_n_steps: 2}}
+ray: {{num_workers: 2, storage_path: {tmp_path / "runs"}, name: demo, checkpoint_every_n_steps: 2, max_failures: 1}}
 trainer:
   max_epochs: 1
   limit_val_batches: 0
   enable_progress_bar: false
   enable_model_summary: false
   logger: false
-model: {{class_path: spiral_lightning.demos.tabular.DemoModel}}
+model: {{class_path: tests.test_ray.RecordingModel, init_args: {{out: {out}, fail_at: 3}}}}
 data:
   class_path: spiral_lightning.demos.tabular.DemoDataModule
   init_args: {{root: {tmp_path / "demo"}, rows: 2000, val_from: 1600, batch_size: 100, policy: balanced}}
@@ -238,6 +260,7 @@ data:
     settings = parse.parse_args(["--config", str(config)])
     result = run_experiment(settings, parse.dump(settings))
 
+    assert result.error is None
     assert result.checkpoint is not None
     saved = torch.load(Path(result.checkpoint.path, CHECKPOINT), weights_only=False)
     positions = saved["DemoDataModule"]
@@ -246,6 +269,12 @@ data:
     # One split of 2000 stored rows, cut in halves: rank 0 trains on ids 0-999 and rank 1 on 1000-1599,
     # and even batches hold both to 600 rows; the latest checkpoint is the epoch's end.
     assert [entry["position"]["batches"] for entry in positions["ranks"]] == [6, 6]
+    # The first attempt trained batches 0-2 and failed; the checkpoint after batch 1 put each
+    # rank back at batch 2, which it trained again, and on to the end of its rows.
+    for rank, rows in enumerate([range(600), range(1000, 1600)]):
+        first, resumed = ids_of(out, "first", rank), ids_of(out, "resumed", rank)
+        assert len(first) == 300
+        assert first[:200] + resumed == list(rows)
 
 
 def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(
