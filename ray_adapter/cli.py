@@ -29,7 +29,6 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 from ray.train.torch import TorchTrainer
 
-from spiral_lightning.lightning.cli import ignore_set_vital_warning
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 
 #: The file a checkpoint of this command holds: the Lightning checkpoint, written by rank 0.
@@ -94,8 +93,6 @@ class ReportEveryNSteps(Callback):
 def fit_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: build the experiment from its YAML and fit, from the run's latest
     checkpoint when there is one."""
-    # Each worker is a process of its own, and the one that makes the DataLoaders.
-    ignore_set_vital_warning()
     if config["cwd"] is not None:
         # A local Ray's workers start elsewhere; relative paths in the YAML mean the launch folder.
         os.chdir(config["cwd"])

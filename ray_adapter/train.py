@@ -24,6 +24,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
+from spiral_lightning.datasets.loader import without_set_vital_warning
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
@@ -102,13 +103,14 @@ def train_loader(
         read_threads=read_threads,
     )
     loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
-    loader = loader_class(
-        dataset,
-        batch_size=None,
-        num_workers=num_workers,
-        multiprocessing_context=multiprocessing_context if num_workers else None,
-        pin_memory=pin_memory,
-    )
+    with without_set_vital_warning():
+        loader = loader_class(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            multiprocessing_context=multiprocessing_context if num_workers else None,
+            pin_memory=pin_memory,
+        )
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:

@@ -4,6 +4,7 @@ say about the rows they leave out."""
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -107,3 +108,16 @@ def test_the_forkserver_imports_what_a_worker_unpickles(make_table: Callable[...
     # The main script first (each worker imports it again otherwise), then what the dataset names.
     assert preload[0] == "__main__" and "tests.test_loaders" in preload
     assert sorted(ids(loader)) == list(range(10))
+
+
+def test_making_a_loader_warns_of_nothing_but_the_users_data(make_table: Callable[..., TableSpec]) -> None:
+    # torchdata warns at every StatefulDataLoader made that torch deprecated an API it calls.
+    spec = make_table([50, 30], columns=["id"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TableDataset(spec, batch_size=10).loader()
+        TableMapDataset(spec).loader(batch_size=10)
+        data = SpiralDataModule(train=spec, batch_size=10)
+        data.setup("fit")
+        data.train_dataloader()
+    assert [str(warning.message) for warning in caught] == []

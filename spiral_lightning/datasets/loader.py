@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import multiprocessing
 import pickle
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import BuiltinFunctionType, FunctionType
 from typing import Any, Protocol
 
@@ -19,6 +21,20 @@ class Batched(Protocol):
     number of batches of its current epoch read by ``workers`` DataLoader workers."""
 
     def batches(self, workers: int) -> int: ...
+
+
+#: The warning torchdata's ``StatefulDataLoader`` gives at every loader made: it calls
+#: ``torch.set_vital``, which torch deprecated. torchdata's to change, not the user's.
+SET_VITAL_WARNING = "'set_vital' is deprecated"
+
+
+@contextmanager
+def without_set_vital_warning() -> Iterator[None]:
+    """Make a ``StatefulDataLoader`` in this block without torchdata's deprecation warning
+    (``SET_VITAL_WARNING``), so that a user sees only warnings about their own data."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", SET_VITAL_WARNING, UserWarning)
+        yield
 
 
 #: What the forkserver imports before it forks a worker (see ``warm_forkserver``): the main
@@ -88,7 +104,8 @@ class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
                 "stack them into [batch_size, rows, ...] tensors"
             )
         options.pop("batch_size", None)
-        super().__init__(dataset, batch_size=None, **options)
+        with without_set_vital_warning():
+            super().__init__(dataset, batch_size=None, **options)
         self.table = dataset
 
     def __len__(self) -> int:

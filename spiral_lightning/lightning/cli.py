@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,13 +21,6 @@ from spiral_lightning.media.ingest import ingest_images, ingest_videos
 
 #: What ``ingest`` does, in one line: its entry in ``spiral-lightning --help``.
 INGEST_HELP = "Write a class-per-subfolder folder as a new table."
-
-
-def ignore_set_vital_warning() -> None:
-    """Hide the one warning of another library that every command would print."""
-    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated, and so warns at
-    # every DataLoader made: torchdata's to change, not this project's nor its user's.
-    warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning, r"torchdata\.")
 
 
 def _positive(text: str) -> int:
@@ -79,7 +71,6 @@ class _Parser(LightningArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run one command; ``argv`` defaults to the process's arguments."""
-    ignore_set_vital_warning()
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["ingest"]:
         ingest(arguments[1:])

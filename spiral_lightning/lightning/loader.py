@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning.datasets.loader import warm_for
+from spiral_lightning.datasets.loader import warm_for, without_set_vital_warning
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.table import TableDataset
 
@@ -80,7 +80,8 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
     ) -> None:
         if options.get("num_workers") and options.get("multiprocessing_context") == "forkserver":
             warm_for(dataset)
-        super().__init__(dataset, batch_size=batch_size, **options)
+        with without_set_vital_warning():
+            super().__init__(dataset, batch_size=batch_size, **options)
         self.table = dataset
         self.batches = batches
         self._pad = pad
