@@ -24,7 +24,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
-from spiral_lightning.datasets.loader import without_set_vital_warning
+from spiral_lightning.datasets.loader import loader_options, without_set_vital_warning
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
@@ -66,10 +66,10 @@ def train_loader(
     storage_options: Mapping[str, Any] | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
-    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers, each
-    ``read_ahead`` read batches ahead of ``read_threads`` work items read at once (see
-    ``TableDataset``); ``storage_options`` reach a Parquet
-    table in an object store (see ``TableSpec``).
+    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (persistent,
+    and started as ``TableDataset.loader`` starts them), each ``read_ahead`` read batches ahead of
+    ``read_threads`` work items read at once (see ``TableDataset``); ``storage_options`` reach a
+    Parquet table in an object store (see ``TableSpec``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -103,14 +103,11 @@ def train_loader(
         read_threads=read_threads,
     )
     loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
+    options: dict[str, Any] = {"pin_memory": pin_memory}
+    if num_workers:
+        options["multiprocessing_context"] = multiprocessing_context
     with without_set_vital_warning():
-        loader = loader_class(
-            dataset,
-            batch_size=None,
-            num_workers=num_workers,
-            multiprocessing_context=multiprocessing_context if num_workers else None,
-            pin_memory=pin_memory,
-        )
+        loader = loader_class(dataset, batch_size=None, **loader_options(num_workers, options, dataset))
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
