@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spiral_lightning import TableDataset, TableSpec, write_table
+from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
 from spiral_lightning.core.filters import And, Compare, InSet, IsNull, Like, Not, Or, parse
+from tests.tables import BACKENDS, KEEP_TEXT
 
 ROWS = 200
 
@@ -142,3 +144,21 @@ def test_floats_compare_with_float32_columns_without_coercion_errors(tmp_path: P
     spec = write_table(f"spiral:{tmp_path / 't'}", data)
     assert rows(spec, "x > 1") == [1, 2]
     assert rows(spec, "x <= 1.5") == [0, 1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_datasets_take_columns_and_a_filter_as_the_spec_does(
+    make_table: Callable[..., TableSpec], backend: str
+) -> None:
+    spec = make_table([300, 200], backend=backend)
+    selected = replace(spec, columns=("id",), filter=KEEP_TEXT)
+    expected = [int(i) for batch in TableDataset(selected) for i in batch["id"]]
+    assert expected
+    dataset = TableDataset(spec.uri, columns=["id"], filter=KEEP_TEXT, batch_size=64)
+    assert dataset.spec.columns == ("id",)
+    assert [int(i) for batch in dataset for i in batch["id"]] == expected
+    assert all(sorted(batch) == ["id"] for batch in dataset)
+    rows = TableMapDataset(spec.uri, columns=["id"], filter=KEEP_TEXT)
+    assert [int(rows[index]["id"]) for index in range(len(rows))] == expected
+    with pytest.raises(ValueError, match="selects its own columns"):
+        TableDataset(selected, columns=["x"])

@@ -21,7 +21,7 @@ from torch.utils.data import get_worker_info
 
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprint
-from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_cursor
 from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
@@ -49,7 +49,8 @@ def check_read_threads(read_threads: int | None) -> None:
 class Consumer:
     """One pinned table version read by a job's consumers, each its own work list.
 
-    ``spec`` (a spec or a uri, reached with ``storage_options``) is pinned here; ``policy`` (a
+    ``spec`` (a spec or a uri, reached with ``storage_options``, reading ``columns`` and the rows
+    ``filter`` keeps, as a ``TableSpec`` of them would) is pinned here; ``policy`` (a
     function or its name) deals work lists; rank and world size come from the arguments, else
     from ``torch.distributed`` when it is initialized, else 0 and 1; ``read_ahead`` read batches
     are read ahead of each of ``read_threads`` work items read at once, each on a thread (``None``:
@@ -71,6 +72,8 @@ class Consumer:
         read_ahead: int = DEFAULT_READ_AHEAD,
         read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
     ) -> None:
         check_read_ahead(read_ahead)
         check_read_threads(read_threads)
@@ -81,7 +84,7 @@ class Consumer:
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
         Shard(self.rank, self.world_size).check()
-        self.spec = as_spec(spec, storage_options).resolve()
+        self.spec = with_selection(as_spec(spec, storage_options), columns, filter).resolve()
         self.policy = as_policy(policy)
         self.read_ahead = read_ahead
         self.read_threads = read_threads

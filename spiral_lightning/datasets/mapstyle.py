@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 from spiral_lightning.core.media import Where, left_to_decode
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.sequences import TooLong
-from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import check_read_threads
 from spiral_lightning.datasets.loader import loader_options, without_set_vital_warning
 from spiral_lightning.planning.policies import stripe
@@ -60,6 +60,8 @@ class TableMapDataset(Dataset[Any]):
     that reads (the main one, or each DataLoader worker) gets its share of the cores, 1 to
     ``MOST_READ_THREADS`` (see ``default_read_threads``).
 
+    ``columns`` and ``filter`` select what is read, as the ``TableSpec`` settings of those names do.
+
     The spec is pinned to one version when the dataset is built, and the rows each split returns
     are counted once, reading only the filter's columns. Only the spec, the transform and those
     counts are pickled; the source opens in the process that reads, again after a fork or spawn,
@@ -74,9 +76,11 @@ class TableMapDataset(Dataset[Any]):
         transform: Callable[[Row], Any] | None = None,
         read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
     ) -> None:
         check_read_threads(read_threads)
-        self.spec = as_spec(spec, storage_options).resolve()
+        self.spec = with_selection(as_spec(spec, storage_options), columns, filter).resolve()
         if self.spec.media and self.spec.on_error != "raise":
             raise ValueError(
                 f"on_error={self.spec.on_error!r} drops rows that do not decode, but a TableMapDataset must "

@@ -61,7 +61,10 @@ class TableDataset(Consumer, IterableDataset[Any]):
     decodes on several cores (``None``: the cores this process gets beside the other DataLoader
     workers, at most 4). Neither changes a row, the order or a state.
 
-    ``storage_options`` reach a Parquet table in an object store (see ``TableSpec``).
+    ``storage_options`` reach a Parquet table in an object store, and ``columns`` and ``filter``
+    (a string such as ``"label < 2"`` or a spiral expression) select what is read, as the
+    ``TableSpec`` settings of those names do (see ``TableSpec``); a spec that selects its own
+    columns or filter cannot be given others.
 
     ``transform`` is called on each batch after collating and decoding, in the process that reads
     (a DataLoader worker), and what it returns is yielded: per-batch augmentation or tokenizing,
@@ -92,6 +95,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
         read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
     ) -> None:
         if batch_size is not None:
             check_positive("batch_size", batch_size, "or None")
@@ -109,6 +114,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
             read_ahead=read_ahead,
             read_threads=read_threads,
             storage_options=storage_options,
+            columns=columns,
+            filter=filter,
         )
         if self.spec.media and collate is None:
             raise ValueError("media projections decode into tensors, so they need a collate such as to_torch, not None")
