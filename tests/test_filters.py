@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
+from spiral_lightning import (
+    PackedDataset,
+    TableDataset,
+    TableMapDataset,
+    TableSpec,
+    WindowDataset,
+    Windows,
+    write_table,
+)
 from spiral_lightning.core.filters import And, Compare, InSet, IsNull, Like, Not, Or, parse
 from tests.tables import BACKENDS, KEEP_TEXT
 
@@ -162,3 +170,25 @@ def test_datasets_take_columns_and_a_filter_as_the_spec_does(
     assert [int(rows[index]["id"]) for index in range(len(rows))] == expected
     with pytest.raises(ValueError, match="selects its own columns"):
         TableDataset(selected, columns=["x"])
+
+
+def test_windows_and_packed_streams_take_a_filter_too(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    spec = make_table([300, 200])
+    windows = Windows(size=4, stride=4)
+    by_spec = WindowDataset(replace(spec, filter=KEEP_TEXT), windows=windows, batch_size=8, collate=None)
+    by_argument = WindowDataset(spec.uri, windows=windows, batch_size=8, collate=None, filter=KEEP_TEXT)
+    expected = [batch.column("id").to_pylist() for batch in by_spec]
+    assert expected
+    assert [batch.column("id").to_pylist() for batch in by_argument] == expected
+
+    # Document i holds the token i + 1, so the tokens show which documents were packed.
+    documents = pa.array([[i + 1] * (1 + i % 5) for i in range(40)], pa.list_(pa.int32()))
+    corpus = write_table(
+        f"parquet:{tmp_path / 'corpus'}", pa.table({"id": range(40), "tokens": documents}), split_rows=10
+    )
+    packed = PackedDataset(corpus.uri, column="tokens", length=8, batch_size=2, filter="id < 20")
+    whole = PackedDataset(replace(corpus, filter="id < 20"), column="tokens", length=8, batch_size=2)
+    blocks = [batch["tokens"].tolist() for batch in packed]
+    assert blocks == [batch["tokens"].tolist() for batch in whole]
+    assert {token for batch in blocks for block in batch for token in block} <= set(range(21))
+    assert 20 in {token for batch in blocks for block in batch for token in block}

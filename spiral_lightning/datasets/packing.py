@@ -44,7 +44,7 @@ class PackedDataset(TableDataset):
     pass ends, and ``tokens`` counts each consumer's stream ahead.
 
     It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``, ``read_threads``,
-    the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
+    ``filter``, the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
     ``last``, ``rows_per_consumer``, ``len``, ``batches`` and ``even_rows`` count blocks, so the
     DataModule's even batches give DDP ranks equal batches. Counting reads the token column of
     every work list counted, once per work item (each item's count is kept).
@@ -74,6 +74,7 @@ class PackedDataset(TableDataset):
         read_threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        filter: Any = None,
     ) -> None:
         check_positive("batch_size", batch_size, "blocks per batch")
         packing = Packing(column, length, separator)
@@ -89,6 +90,7 @@ class PackedDataset(TableDataset):
             read_ahead=read_ahead,
             read_threads=read_threads,
             transform=transform,
+            filter=filter,
         )
         kind = self.source().schema.field(column).type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):

@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset
 
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
-from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.table import TableDataset
@@ -226,8 +226,8 @@ class WindowDataset(IterableDataset[Any]):
     """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
     work list.
 
-    Consumers, ``policy``, ranks, ``read_ahead`` and the pinned version work as in
-    ``TableDataset``. ``collate`` turns each batch's rows into columns (tensors by default) and
+    Consumers, ``policy``, ranks, ``read_ahead``, ``columns``, ``filter`` and the pinned version
+    work as in ``TableDataset``. ``collate`` turns each batch's rows into columns (tensors by default) and
     each column is then grouped by window into ``[batch_size, size, ...]`` (lists of lists for
     columns that stay lists); with ``collate=None`` a batch is the Arrow rows, window after
     window. ``last`` decides the windows after the consumer's last full batch.
@@ -250,13 +250,15 @@ class WindowDataset(IterableDataset[Any]):
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
     ) -> None:
         if not isinstance(windows, Windows):
             raise TypeError(f"windows must be a Windows value, not {windows!r}")
         check_positive("batch_size", batch_size)
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
-        table_spec = as_spec(spec)
+        table_spec = with_selection(as_spec(spec), columns, filter)
         if table_spec.media:
             raise ValueError("WindowDataset does not decode media projections; window a table of decoded columns")
         group_by = windows.group_by
