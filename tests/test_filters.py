@@ -190,5 +190,6 @@ def test_windows_and_packed_streams_take_a_filter_too(make_table: Callable[..., 
     whole = PackedDataset(replace(corpus, filter="id < 20"), column="tokens", length=8, batch_size=2)
     blocks = [batch["tokens"].tolist() for batch in packed]
     assert blocks == [batch["tokens"].tolist() for batch in whole]
-    assert {token for batch in blocks for block in batch for token in block} <= set(range(21))
-    assert 20 in {token for batch in blocks for block in batch for token in block}
+    tokens = {token for batch in blocks for block in batch for token in block}
+    assert tokens <= set(range(21))
+    assert 20 in tokens

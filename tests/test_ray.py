@@ -169,21 +169,21 @@ def test_a_run_stopped_mid_epoch_resumes_every_row_once(
     spec = make_table(SPLITS)
     out = tmp_path / "ids"
     out.mkdir()
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
     config = {"spec": spec, "batch_size": 100, "workers": 1, "out": str(out), "policy": "stripe"}
 
     def report(metrics: dict[str, Any], checkpoint: Checkpoint) -> None:
         # As Ray Train keeps one folder per checkpoint, into which every rank reports its files.
-        shutil.copytree(checkpoint.path, tmp_path / "checkpoint", dirs_exist_ok=True)
+        shutil.copytree(checkpoint.path, saved, dirs_exist_ok=True)
 
     monkeypatch.setattr(ray.train, "report", report)
     for rank in range(2):
         with pytest.raises(RuntimeError, match="stopped on purpose"):
             read_in_process({**config, "run": "first", "stop_at": 2}, monkeypatch, ranks=[rank])
-    assert sorted(path.name for path in checkpoint.iterdir()) == ["spiral-loader-rank0.pt", "spiral-loader-rank1.pt"]
+    assert sorted(path.name for path in saved.iterdir()) == ["spiral-loader-rank0.pt", "spiral-loader-rank1.pt"]
 
-    read_in_process({**config, "run": "second"}, monkeypatch, checkpoint=Checkpoint(str(checkpoint)))
+    read_in_process({**config, "run": "second"}, monkeypatch, checkpoint=Checkpoint(str(saved)))
     quota = min(len(rank_ids(spec, rank, 2)) for rank in range(2))
     assert quota == 800
     for rank in range(2):
@@ -194,7 +194,7 @@ def test_a_run_stopped_mid_epoch_resumes_every_row_once(
     # The checkpoint refuses another version of the table.
     other = make_table(SPLITS, seed=1)
     with pytest.raises(ValueError, match="differs in version"):
-        read_in_process({**config, "spec": other, "run": "other"}, monkeypatch, checkpoint=Checkpoint(str(checkpoint)))
+        read_in_process({**config, "spec": other, "run": "other"}, monkeypatch, checkpoint=Checkpoint(str(saved)))
     assert not list(out.glob("other-*"))
 
 
