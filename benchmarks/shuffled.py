@@ -17,6 +17,7 @@ from throughput import BATCH_SIZE, benchmark_table, timed
 
 from spiral_lightning import Shuffled, TableDataset, stripe
 from spiral_lightning.core.plan import Policy
+from spiral_lightning.planning.policies import shuffle_for
 
 
 def main() -> None:
@@ -34,6 +35,8 @@ def main() -> None:
         "`Shuffled(block_rows=1024)`": Shuffled(seed=1, block_rows=1024),
         "`Shuffled(block_rows=8192, buffer_rows=65536)`": Shuffled(seed=1, block_rows=8192, buffer_rows=65_536),
     }
+    chosen = shuffle_for(args.rows, seed=1)
+    policies[f"`shuffle=True`: block_rows={chosen.block_rows}, buffer_rows={chosen.buffer_rows}"] = chosen
     datasets = {name: TableDataset(spec, batch_size=BATCH_SIZE, policy=policy) for name, policy in policies.items()}
     best = {name: float("inf") for name in datasets}
     for round_ in range(args.repeats):

@@ -18,7 +18,7 @@ from ray.data.block import BlockMetadata
 
 from spiral_lightning.core.plan import Policy, Shard, Split, WorkItem, as_plan
 from spiral_lightning.core.spec import TableSpec, as_spec
-from spiral_lightning.planning.policies import as_policy, stripe
+from spiral_lightning.planning.policies import as_policy, balanced, shuffle_for
 from spiral_lightning.sources import open_source
 
 #: Bytes per row guessed for each column whose width the schema does not fix (strings, binary,
@@ -47,11 +47,12 @@ class ReadWork:
 class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are untyped under mypy's follow_imports=skip
     """The rows of one table version as a Ray Data source.
 
-    With ``shard=None`` the source holds the whole table, in the order of the one-consumer work
-    list ``policy`` gives for ``epoch``; with a shard (``Shard(rank, world_size)``), exactly the
-    rows ``TableDataset`` gives that consumer. Each read task reads consecutive items of that
-    list: one item per task when Ray asks for at least as many tasks as there are items, else
-    items grouped into tasks of near-equal stored rows.
+    With ``shard=None`` the source holds the whole table, in the order of the one-consumer work list
+    ``policy`` gives for ``epoch`` (``balanced`` by default; ``shuffle=True`` instead reads blocks
+    of rows in an order drawn from ``seed`` and ``epoch``, see ``shuffle_for``); with a shard
+    (``Shard(rank, world_size)``), exactly the rows ``TableDataset`` gives that consumer. Each read
+    task reads consecutive items of that list: one item per task when Ray asks for at least as many
+    tasks as there are items, else items grouped into tasks of near-equal stored rows.
 
     The spec is resolved and the table opened once, here in the driver, to plan; a missing table,
     unknown column or bad filter raises here rather than inside a task. Media projections decode
@@ -63,9 +64,11 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
         self,
         spec: TableSpec | str,
         *,
-        policy: Policy | str = stripe,
+        policy: Policy | str | None = None,
         shard: Shard | None = None,
         epoch: int = 0,
+        shuffle: bool = False,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.spec = as_spec(spec).resolve()
@@ -85,7 +88,14 @@ class TableDatasource(Datasource):  # type: ignore[misc]  # Ray's classes are un
         self.schema: pa.Schema = source.schema
         plan = as_plan(source.splits)
         index = dict(zip(plan.ids.tolist(), range(len(plan)), strict=True))
-        self.items = as_policy(policy)(plan, self.shard, epoch)
+        if shuffle and policy is not None:
+            raise ValueError(f"shuffle=True chooses the policy, so it cannot be given with policy={policy!r}; pass one")
+        # Ray blocks hold a task's rows in read order, so shuffle=True permutes blocks of rows
+        # only; Dataset.random_shuffle() mixes rows across all of them at the cost of a shuffle.
+        chosen = as_policy(balanced if policy is None else policy, seed)
+        if shuffle:
+            chosen = shuffle_for(plan.total, seed, windows=False)
+        self.items = chosen(plan, self.shard, epoch)
         self._rows = [_rows(plan[index[item.split]], item) for item in self.items]
         # Without a filter every stored row is returned, so a task's rows are known exactly.
         self._exact = self.spec.filter is None
@@ -169,14 +179,18 @@ def _type_bytes(kind: pa.DataType) -> int:
 def read_table(
     spec: TableSpec | str,
     *,
-    policy: Policy | str = stripe,
+    policy: Policy | str | None = None,
     shard: Shard | None = None,
     epoch: int = 0,
+    shuffle: bool = False,
+    seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
     **read_args: Any,
 ) -> ray.data.Dataset:
     """The rows of ``spec`` (a Parquet table in an object store reached with ``storage_options``,
     see ``TableSpec``) as a Ray ``Dataset`` through a ``TableDatasource``; ``read_args`` go to
     ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``, ...)."""
-    source = TableDatasource(as_spec(spec, storage_options), policy=policy, shard=shard, epoch=epoch)
+    source = TableDatasource(
+        as_spec(spec, storage_options), policy=policy, shard=shard, epoch=epoch, shuffle=shuffle, seed=seed
+    )
     return ray.data.read_datasource(source, **read_args)

@@ -53,7 +53,9 @@ def train_loader(
     *,
     batch_size: int,
     num_workers: int = 0,
-    policy: Policy | str = "balanced",
+    policy: Policy | str | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
     last: Last = "keep_partial",
     collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
     rows_per_consumer: int | None = None,
@@ -70,6 +72,9 @@ def train_loader(
     and started as ``TableDataset.loader`` starts them), each ``read_ahead`` read batches ahead of
     ``read_threads`` work items read at once (see ``TableDataset``); ``storage_options`` reach a
     Parquet table in an object store (see ``TableSpec``).
+
+    ``policy`` deals the work lists (``balanced`` by default); ``shuffle=True`` reads a new order
+    every epoch from ``seed`` instead (see ``TableDataset``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -95,6 +100,8 @@ def train_loader(
         batch_size=batch_size,
         last=last,
         policy=policy,
+        shuffle=shuffle,
+        seed=seed,
         rank=rank,
         world_size=world_size,
         collate=collate,
@@ -102,6 +109,7 @@ def train_loader(
         read_ahead=read_ahead,
         read_threads=read_threads,
     )
+    dataset.check_shares(num_workers)
     loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
     options: dict[str, Any] = {"pin_memory": pin_memory}
     if num_workers:

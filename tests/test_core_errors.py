@@ -151,7 +151,7 @@ def reversed_stripe(plan: Sequence[Split], shard: Shard, epoch: int = 0) -> list
 
 def test_state_from_other_policy(make_table: Callable[..., TableSpec]) -> None:
     spec = make_table(SIZES)
-    saved = TableDataset(spec, batch_size=100)
+    saved = TableDataset(spec, batch_size=100, policy="stripe")
     next(iter(saved))
     with pytest.raises(
         ValueError, match=r"policy: saved 'spiral_lightning\.work\.stripe', now 'tests\.test_core_errors"

@@ -57,7 +57,7 @@ def test_in_process_consumers_match_scan_dataset(
     request = sdk_request(spec)
     for rank in range(world_size):
         options: dict[str, Any] = {"batch_size": batch_size, "last": last, "rank": rank, "world_size": world_size}
-        assert_same(TableDataset(spec, **options), ScanDataset(request, **options))
+        assert_same(TableDataset(spec, policy="stripe", **options), ScanDataset(request, **options))
 
 
 @pytest.mark.slow
@@ -75,4 +75,6 @@ def test_dataloader_workers_match_scan_dataset(
     def loader(dataset: Any) -> DataLoader[Any]:
         return DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context="forkserver")
 
-    assert_same(loader(TableDataset(spec, **options)), loader(ScanDataset(sdk_request(spec), **options)))
+    assert_same(
+        loader(TableDataset(spec, policy="stripe", **options)), loader(ScanDataset(sdk_request(spec), **options))
+    )

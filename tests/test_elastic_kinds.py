@@ -583,7 +583,9 @@ def test_mixture_consumers_in_different_passes_refuse_and_resume_under_the_saved
     pairs = [(make_table([400, 400], seed=4), 1.0), (make_table([8, 400], seed=2), 1.0)]
 
     def mixture(rank: int, world_size: int) -> Mixture:
-        return Mixture(pairs, batch_size=4, seed=7, columns=["id"], stop="cycle", rank=rank, world_size=world_size)
+        return Mixture(
+            pairs, batch_size=4, seed=7, columns=["id"], stop="cycle", policy="stripe", rank=rank, world_size=world_size
+        )
 
     states = []
     for rank in range(2):

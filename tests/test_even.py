@@ -129,9 +129,9 @@ def test_even_rows_is_the_fewest_rows_of_any_consumer(make_table: Callable[..., 
     assert 0 in counts
     consumers = max(1, workers)
     rows = [sum(per_split[rank::2][worker::consumers]) for rank in range(2) for worker in range(consumers)]
-    dataset = TableDataset(spec, batch_size=64, rank=1, world_size=2)
+    dataset = TableDataset(spec, batch_size=64, policy="stripe", rank=1, world_size=2)
     assert dataset.even_rows(workers) == (min(rows), sum(rows) - min(rows) * len(rows))
-    full = TableDataset(spec, batch_size=64, last="require_full", rank=0, world_size=2)
+    full = TableDataset(spec, batch_size=64, last="require_full", policy="stripe", rank=0, world_size=2)
     assert full.even_rows(workers) == (min(rows) // 64 * 64, sum(rows) - min(rows) // 64 * 64 * len(rows))
 
 

@@ -1,5 +1,5 @@
-"""Every python block of the README, saved as a script and run in a folder of its own, as a new
-user would paste it: the docs cannot drift from the code.
+"""Every python block of the README and of docs/*.md, saved as a script and run in a folder of its
+own, as a new user would paste it: the docs cannot drift from the code.
 
 A block runs as ``__main__`` in a process forked from the test process's forkserver, a clean
 interpreter that imported torch, pyarrow and Lightning once (``warm_forkserver`` in conftest),
@@ -23,13 +23,14 @@ from tests.objectstore import S3Server
 from tests.ranks import run_processes
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = README.parent / "docs"
 
 
-def blocks() -> list[tuple[str, str]]:
-    """Each python block with the heading it sits under, in order."""
+def blocks(page: Path) -> list[tuple[str, str]]:
+    """Each python block of ``page`` with the heading it sits under, in order."""
     found = []
     heading = "top"
-    for part in re.split(r"(^#+ [^\n]*$|^```python\n.*?^```$)", README.read_text(), flags=re.M | re.S):
+    for part in re.split(r"(^#+ [^\n]*$|^```python\n.*?^```$)", page.read_text(), flags=re.M | re.S):
         if part.startswith("#"):
             heading = part.lstrip("#").strip()
         elif part.startswith("```python"):
@@ -37,19 +38,35 @@ def blocks() -> list[tuple[str, str]]:
     return found
 
 
-BLOCKS = blocks()
+#: The README, then every page of docs/ by name.
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+#: Each python block of every page: its test id (page, index in the page, heading), heading and code.
+BLOCKS = [
+    (f"{page.stem}-{index}-{heading}", heading, code)
+    for page in PAGES
+    for index, (heading, code) in enumerate(blocks(page))
+]
 
 
 def test_the_readme_has_its_quickstarts() -> None:
-    headings = [heading for heading, _ in BLOCKS]
+    headings = [heading for heading, _ in blocks(README)]
     for quickstart in ("Quickstart: torch", "Quickstart: Lightning", "Ray Train, plain loop"):
         assert quickstart in headings
 
 
+def test_the_readme_stays_short() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines < 300, f"README.md has {lines} lines: move the depth to a page of docs/"
+
+
+def test_the_readme_links_every_page_of_the_docs() -> None:
+    links = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text()))
+    unlinked = [page.name for page in PAGES[1:] if f"docs/{page.name}" not in links]
+    assert not unlinked, f"README.md links no docs/ page named {unlinked}"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("heading", "code"), BLOCKS, ids=[f"{index}-{heading}" for index, (heading, _) in enumerate(BLOCKS)]
-)
+@pytest.mark.parametrize(("heading", "code"), [block[1:] for block in BLOCKS], ids=[block[0] for block in BLOCKS])
 def test_a_readme_block_runs_as_a_script(
     heading: str, code: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -48,8 +48,11 @@ BUILDERS: dict[str, Callable[[str, str], Any]] = {
     "windows": lambda a, b: WindowDataset(
         a, windows=Windows(4, stride=3, group_by="run"), batch_size=3, policy="balanced"
     ),
-    "mixture": lambda a, b: Mixture([(a, 0.7), (b, 0.3)], batch_size=6, seed=3, columns=["id", "x"], table_key="table"),
-    "packed": lambda a, b: PackedDataset(a, column="tokens", length=16, batch_size=3, separator=1000),
+    # Saved when stripe was these kinds' default: a state resumes under the policy it names.
+    "mixture": lambda a, b: Mixture(
+        [(a, 0.7), (b, 0.3)], batch_size=6, seed=3, columns=["id", "x"], table_key="table", policy="stripe"
+    ),
+    "packed": lambda a, b: PackedDataset(a, column="tokens", length=16, batch_size=3, separator=1000, policy="stripe"),
 }
 
 

@@ -12,9 +12,10 @@ state and counts on top, and reaches the core only through the methods below.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.distributed
 from torch.utils.data import get_worker_info
@@ -26,7 +27,8 @@ from spiral_lightning.core.state import Cursor, State, check_cursor
 from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
 from spiral_lightning.planning.lineage import Lineage, check_lineage
-from spiral_lightning.planning.policies import as_policy, balanced, policy_name, stripe
+from spiral_lightning.planning.lists import every_shard
+from spiral_lightning.planning.policies import as_policy, balanced, policy_name, shuffle_for
 from spiral_lightning.reading.ahead import ReadAhead, default_read_threads
 from spiral_lightning.reading.watchdog import watch
 from spiral_lightning.sources import Reader, Source, open_source
@@ -62,11 +64,17 @@ class Consumer:
         batches = core.reader().read(items)
     """
 
+    #: Whether ``shuffle=True`` also shuffles rows within windows (see ``shuffle_for``): not for
+    #: a kind whose items keep their rows in stored order, such as packed documents.
+    SHUFFLES_WINDOWS: ClassVar[bool] = True
+
     def __init__(
         self,
         spec: TableSpec | str,
         *,
-        policy: Policy | str = stripe,
+        policy: Policy | str | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
@@ -85,7 +93,12 @@ class Consumer:
         self.world_size = 1 if world_size is None else world_size
         Shard(self.rank, self.world_size).check()
         self.spec = with_selection(as_spec(spec, storage_options), columns, filter).resolve()
-        self.policy = as_policy(policy)
+        check_count("seed", seed)
+        if shuffle and policy is not None:
+            raise ValueError(
+                f"shuffle=True chooses the policy (a Shuffled sized for the table), so it cannot be given with "
+                f"policy={policy!r}; pass one of them"
+            )
         self.read_ahead = read_ahead
         self.read_threads = read_threads
         # The epoch and the quota (-1 for none). A worker's pickled copy shares this tensor's
@@ -100,7 +113,14 @@ class Consumer:
         self._source_pid: int | None = None
         self._ahead: ReadAhead | None = None
         self._owner_pid: int | None = None
-        self.source()
+        self._shares_checked = False
+        self.policy: Policy
+        if shuffle:
+            self.policy = shuffle_for(
+                self.source().splits.total, seed, media=bool(self.spec.media), windows=self.SHUFFLES_WINDOWS
+            )
+        else:
+            self.policy = as_policy(balanced if policy is None else policy, seed)
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
@@ -260,11 +280,38 @@ class Consumer:
             return None
         return self._lineage.to_dict()
 
+    def check_shares(self, workers: int) -> None:
+        """Warn, once, when one of this rank's consumers (with ``workers`` DataLoader workers a
+        rank, 0 reading in the main process) is dealt no stored rows, or under half the mean of
+        the job's consumers: the others then wait on it, or sit idle while it reads everything
+        (``stripe`` on a table of one split gives one worker the whole table). Counts stored
+        rows from the plan alone, so it reads nothing."""
+        if self._shares_checked or self.replanned() is not None:
+            return
+        self._shares_checked = True
+        plan = self.source().splits
+        workers = max(1, workers)
+        mean = plan.total / (self.world_size * workers)
+        for shard in every_shard(self.world_size, workers, range(self.rank, self.rank + 1)):
+            rows = sum(item.end - item.start for item in self.policy(plan, shard, self.epoch))
+            if rows == 0 or rows < mean / 2:
+                warnings.warn(
+                    f"the policy {policy_name(self.policy)} deals consumer (rank {shard.rank}, worker {shard.worker}) "
+                    f"{rows} of the {plan.total} stored rows of {self.spec.uri} in epoch {self.epoch}, under half "
+                    f"the mean of {self.world_size * workers} consumers ({mean:.0f}), so the others wait on it or "
+                    f"it on them; the default policy 'balanced' deals equal shares, and a table of fewer rows than "
+                    "consumers leaves some idle whatever the policy",
+                    stacklevel=3,
+                )
+                return
+
     def begin(self) -> tuple[Shard, list[WorkItem], str]:
         """A pass's consumer, its work list and the list's fingerprint; in a DataLoader worker the
         pass also starts watching the process that owns the worker."""
         if self._owner_pid is not None and get_worker_info() is not None:
             watch(self._owner_pid)
         shard = self.shard()
+        if shard.workers == 1 and get_worker_info() is None:
+            self.check_shares(0)
         items = self.work(shard)
         return shard, items, fingerprint(items)

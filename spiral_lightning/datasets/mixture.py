@@ -31,7 +31,7 @@ from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
-from spiral_lightning.planning.policies import policy_name, stripe
+from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.tensors import to_torch
 
 #: What ends a mixture's epoch on each consumer: the first table that runs out, or every table
@@ -49,7 +49,8 @@ class Mixture(IterableDataset[Any]):
     whose spec selects other columns is a ``ValueError`` naming the table and the column.
 
     Every consumer (a DataLoader worker on one rank) reads its own work list of every table, as
-    ``TableDataset`` does with ``policy``, in frames of ``batch_size`` rows, and picks the next
+    ``TableDataset`` does with ``policy`` (``balanced`` by default) or ``shuffle=True`` (each
+    table shuffled for its size, from ``seed``), in frames of ``batch_size`` rows, and picks the next
     table by deficit: the table with the least ``(rows delivered + phase * batch_size) / weight``,
     lowest index on ties, where each table's phase in ``[0, 1)`` is drawn from ``(seed, epoch,
     consumer)``, so consumers start their cycles at different tables.
@@ -77,7 +78,8 @@ class Mixture(IterableDataset[Any]):
         seed: int = 0,
         columns: Sequence[str] | None = None,
         stop: Stop = "first_exhausted",
-        policy: Policy | str = stripe,
+        policy: Policy | str | None = None,
+        shuffle: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
@@ -122,6 +124,8 @@ class Mixture(IterableDataset[Any]):
                         spec,
                         batch_size=batch_size,
                         policy=policy,
+                        shuffle=shuffle,
+                        seed=seed,
                         rank=rank,
                         world_size=world_size,
                         collate=collate,

@@ -18,7 +18,6 @@ from spiral_lightning.core.state import State, check_saved
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.lists import every_shard
-from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.frames import Last, start_of
 from spiral_lightning.reading.packing import (
     PACKED_FORMAT,
@@ -43,11 +42,13 @@ class PackedDataset(TableDataset):
     shorter than one block, which is dropped: ``dropped`` holds its tokens once the consumer's
     pass ends, and ``tokens`` counts each consumer's stream ahead.
 
-    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``, ``read_threads``,
-    ``filter``, the pinned version, ``set_epoch``, ``transform`` and ``loader()`` work as there, and
-    ``last``, ``rows_per_consumer``, ``len``, ``batches`` and ``even_rows`` count blocks, so the
-    DataModule's even batches give DDP ranks equal batches. Counting reads the token column of
-    every work list counted, once per work item (each item's count is kept).
+    It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``,
+    ``read_threads``, ``filter``, the pinned version, ``shuffle`` (which permutes blocks of
+    documents, each block's documents packed in stored order), ``set_epoch``, ``transform`` and
+    ``loader()`` work as there, and ``last``, ``rows_per_consumer``, ``len``, ``batches`` and
+    ``even_rows`` count blocks, so the DataModule's even batches give DDP ranks equal batches.
+    Counting reads the token column of every work list counted, once per work item (each item's
+    count is kept).
 
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is a
     ``TableDataset`` state whose cursor names the document where the next block starts, plus the
@@ -56,6 +57,10 @@ class PackedDataset(TableDataset):
     under another column, length or separator is refused. The elastic re-plan is not supported:
     a remainder of stored rows would deliver the tokens of partly delivered documents again.
     """
+
+    # A packed stream keeps each work item's documents in stored order: shuffle=True permutes
+    # blocks of documents only.
+    SHUFFLES_WINDOWS = False
 
     def __init__(
         self,
@@ -66,7 +71,9 @@ class PackedDataset(TableDataset):
         batch_size: int,
         separator: int | None = None,
         last: Last = "keep_partial",
-        policy: Policy | str = stripe,
+        policy: Policy | str | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         rows_per_consumer: int | None = None,
@@ -83,6 +90,8 @@ class PackedDataset(TableDataset):
             batch_size=batch_size,
             last=last,
             policy=policy,
+            shuffle=shuffle,
+            seed=seed,
             rank=rank,
             world_size=world_size,
             collate=None,

@@ -23,7 +23,7 @@ from spiral_lightning.datasets.loader import TableLoader, loader_options
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
-from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, stripe, window_key
+from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, window_key
 from spiral_lightning.reading.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
 from spiral_lightning.reading.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
@@ -38,7 +38,10 @@ class TableDataset(Consumer, IterableDataset[Any]):
     """The rows of one table version, each consumer reading only its own work list.
 
     A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
-    ``as_policy``) gives its work list, by default ``stripe``. Each consumer cuts its rows into
+    ``as_policy``) gives its work list, by default ``balanced`` (equal shares in stored order).
+    ``shuffle=True`` reads a new order every epoch from ``seed`` instead, with blocks and
+    windows sized for the table (see ``shuffle_for``), so that a batch draws from many places of
+    it. Each consumer cuts its rows into
     frames of ``batch_size`` rows (read batches as they come when ``None``); ``last`` decides
     the rows after its last full frame. ``collate``
     turns each frame into what the dataset yields: tensors by default, the Arrow batch when
@@ -86,7 +89,9 @@ class TableDataset(Consumer, IterableDataset[Any]):
         *,
         batch_size: int | None = None,
         last: Last = "keep_partial",
-        policy: Policy | str = stripe,
+        policy: Policy | str | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
@@ -109,6 +114,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
         super().__init__(
             spec,
             policy=policy,
+            shuffle=shuffle,
+            seed=seed,
             rank=rank,
             world_size=world_size,
             read_ahead=read_ahead,
@@ -163,8 +170,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         ``[batch_size, rows, ...]`` tensors), ``num_workers`` workers started by ``forkserver``,
         persistent and sending batches by shared-memory name, and ``len`` in batches. ``options``
         go to the loader and override these (``persistent_workers=False``, ``pin_memory=True``)."""
-        # Imported here: the loader module builds on this one.
-
+        self.check_shares(num_workers)
         loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options, self))
         return loader
 

@@ -227,10 +227,12 @@ class WindowDataset(IterableDataset[Any]):
     work list.
 
     Consumers, ``policy``, ranks, ``read_ahead``, ``columns``, ``filter`` and the pinned version
-    work as in ``TableDataset``. ``collate`` turns each batch's rows into columns (tensors by
-    default) and each column is then grouped by window into ``[batch_size, size, ...]`` (lists of
-    lists for columns that stay lists); with ``collate=None`` a batch is the Arrow rows, window
-    after window. ``last`` decides the windows after the consumer's last full batch.
+    work as in ``TableDataset``, but the default policy is ``stripe``, whose work items are whole
+    splits: ``balanced`` and ``Shuffled`` cut splits, and a window never crosses a cut. ``collate``
+    turns each batch's rows into columns (tensors by default) and each column is then grouped by
+    window into ``[batch_size, size, ...]`` (lists of lists for columns that stay lists); with
+    ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides the windows
+    after the consumer's last full batch.
 
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
     a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the

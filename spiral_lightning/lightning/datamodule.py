@@ -24,7 +24,7 @@ from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_s
 from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
 from spiral_lightning.lightning.stall import DataStallMeter
-from spiral_lightning.planning.policies import as_policy
+from spiral_lightning.planning.policies import as_policy, balanced
 from spiral_lightning.reading.frames import LAST_MODES, Last
 from spiral_lightning.reading.packing import Packing
 from spiral_lightning.sources import open_source
@@ -48,8 +48,10 @@ class SpiralDataModule(pl.LightningDataModule):
 
     Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
     and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
-    (``"balanced"``, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``: a new order every
-    epoch), or ``"module.function"``). ``setup`` takes rank and world size
+    (``"balanced"``, the default, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``), or
+    ``"module.function"``). ``shuffle=True`` reads the train table in a new order every epoch,
+    drawn from ``seed``, with blocks and windows sized for the table (see ``TableDataset``);
+    validation, test and predict keep ``balanced``. ``setup`` takes rank and world size
     from the Trainer and pins each table to one version, resolved on rank 0 and shared with the
     other ranks.
 
@@ -103,7 +105,8 @@ class SpiralDataModule(pl.LightningDataModule):
         filter: Any = None,
         batch_size: int = 256,
         num_workers: int = 0,
-        policy: str | Policy = "balanced",
+        policy: str | Policy | None = None,
+        shuffle: bool = False,
         seed: int = 0,
         last: Last = "keep_partial",
         pin_memory: bool = False,
@@ -143,7 +146,13 @@ class SpiralDataModule(pl.LightningDataModule):
                 self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.policy = as_policy(policy, seed)
+        if shuffle and policy is not None:
+            raise ValueError(
+                f"shuffle=True chooses the train table's policy (a Shuffled sized for the table), so it cannot be "
+                f"given with policy={policy!r}; pass one of them"
+            )
+        self.policy = as_policy(balanced if policy is None else policy, seed)
+        self.shuffle = shuffle
         self.last: Last = last
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -193,6 +202,8 @@ class SpiralDataModule(pl.LightningDataModule):
             "read_ahead": self.read_ahead,
             "read_threads": self.read_threads,
         }
+        # The train table's order: a shuffle chooses its own policy.
+        order: dict[str, Any] = {"policy": None, "shuffle": True, "seed": self.seed} if self.shuffle else {}
         packing = self.packing
         for name in _STAGES[stage]:
             if name not in self.tables:
@@ -205,12 +216,13 @@ class SpiralDataModule(pl.LightningDataModule):
                     length=packing.length,
                     separator=packing.separator,
                     transform=self.transform,
-                    **settings,
+                    **{**settings, **order},
                 )
                 continue
             evaluates = name != "train"
             transform = WithValid(self.transform) if evaluates else self.transform
-            self.datasets[name] = TableDataset(pinned, transform=transform, **settings)
+            own = settings if evaluates else {**settings, **order}
+            self.datasets[name] = TableDataset(pinned, transform=transform, **own)
             if evaluates:
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and "train" not in self.tables:
@@ -250,6 +262,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if self.map_train is not None:
             return self._map_loader(self.map_train)
         dataset = self._dataset("train")
+        dataset.check_shares(self.num_workers)
         epoch = self._epoch()
         restored, replanned = self._take_restored(dataset, partial(self._replan, dataset))
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0

@@ -60,6 +60,34 @@ class Shuffled:
         return plan.block_items(self.block_rows, shuffled_blocks(positions, blocks, self.seed, epoch))
 
 
+#: The most rows ``shuffle_for`` buffers in a consumer's window: of plain columns, and of a
+#: table with media to decode, whose stored rows (encoded images, clips) are large.
+SHUFFLE_WINDOW_ROWS = 65_536
+SHUFFLE_MEDIA_WINDOW_ROWS = 4_096
+
+#: The fewest blocks ``shuffle_for`` cuts a table into, and the most rows a block holds (8,192
+#: rows read about as fast as whole splits; blocks of 1,024 cost 4x, see benchmarks/shuffled.py).
+SHUFFLE_BLOCKS = 64
+SHUFFLE_BLOCK_ROWS = 8_192
+
+#: Blocks ``shuffle_for`` puts in one window at least, so a batch draws from that many places.
+SHUFFLE_WINDOW_BLOCKS = 8
+
+
+def shuffle_for(rows: int, seed: int = 0, *, media: bool = False, windows: bool = True) -> Shuffled:
+    """The shuffle ``shuffle=True`` reads a table of ``rows`` stored rows with: blocks of
+    ``rows // 64`` rows (at most 8,192, at most an eighth of a window), and windows of up to
+    65,536 rows (4,096 with ``media``; the whole table when smaller), so a consumer's window holds
+    at least eight blocks from random places of the table and a small table is shuffled whole.
+    Without ``windows`` (a kind that keeps rows in stored order inside a block, such as packing)
+    only the blocks are permuted. It depends on the stored rows alone, so every topology of a job
+    reads with the same policy and an elastic resume continues it."""
+    check_count("rows", rows)
+    window = min(rows, SHUFFLE_MEDIA_WINDOW_ROWS if media else SHUFFLE_WINDOW_ROWS)
+    block = max(1, min(SHUFFLE_BLOCK_ROWS, rows // SHUFFLE_BLOCKS, window // SHUFFLE_WINDOW_BLOCKS))
+    return Shuffled(seed, block_rows=block, buffer_rows=window if windows else 0)
+
+
 #: Rounds of the Feistel network behind ``shuffled_blocks``.
 _ROUNDS = 6
 
