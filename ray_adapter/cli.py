@@ -29,6 +29,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 from ray.train.torch import TorchTrainer
 
+from spiral_lightning.lightning.cli import import_from_working_directory
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 
 #: The file a checkpoint of this command holds: the Lightning checkpoint, written by rank 0.
@@ -150,6 +151,7 @@ def run_experiment(settings: Namespace, yaml: str) -> ray.train.Result:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the experiment the arguments (default: the process's) describe, and print where its
     latest checkpoint is."""
+    import_from_working_directory()
     parse = parser()
     settings = parse.parse_args(None if argv is None else list(argv))
     result = run_experiment(settings, parse.dump(settings))

@@ -1,9 +1,19 @@
 """spiral-lightning: exact, resumable training data from tables into PyTorch, Lightning and Ray.
 
-The names below are what users build; each loads its module on first use, so importing the
-package (as every DataLoader worker does) loads neither Lightning, PyAV, Pillow nor sqlglot.
-The layout, bottom up: ``core`` (values), ``sources`` (backends), ``planning`` (work lists),
-``reading`` (a consumer's pass), ``media`` (decoding), ``datasets``, ``lightning``, ``demos``.
+    from spiral_lightning import TableDataset, write_table
+
+    write_table("spiral:data/points", pa.table({"id": range(10_000)}), split_rows=1_000)
+    dataset = TableDataset("spiral:data/points", batch_size=256, shuffle=True)
+    loader = dataset.loader(num_workers=2)  # each worker reads only its own rows
+    for batch in loader:  # {"id": torch.int64 [256]}, a new order every epoch
+        ...
+    state = loader.state_dict()  # a cursor: a new loader resumes there, nothing lost or repeated
+
+``SpiralDataModule`` does the same for Lightning, ``spiral_lightning.ray`` for Ray; ``__all__``
+lists what users build. Names load on first use: importing the package (as every DataLoader
+worker does) loads neither Lightning, PyAV, Pillow nor sqlglot. The layout, bottom up: ``core``
+(values), ``sources`` (backends), ``planning`` (work lists), ``reading`` (a consumer's pass),
+``media`` (decoding), ``datasets``, ``lightning``, ``demos``.
 """
 
 from __future__ import annotations
@@ -15,10 +25,15 @@ from spiral_lightning import _moved
 
 if TYPE_CHECKING:
     from spiral_lightning.core.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
-    from spiral_lightning.core.plan import Policy, Shard, Split, WorkItem
-    from spiral_lightning.core.sequences import Padded, TooLong
+    from spiral_lightning.core.plan import Policy as Policy
+    from spiral_lightning.core.plan import Shard as Shard
+    from spiral_lightning.core.plan import Split as Split
+    from spiral_lightning.core.plan import WorkItem as WorkItem
+    from spiral_lightning.core.sequences import Padded
+    from spiral_lightning.core.sequences import TooLong as TooLong
     from spiral_lightning.core.spec import TableSpec
-    from spiral_lightning.core.state import Cursor, State
+    from spiral_lightning.core.state import Cursor as Cursor
+    from spiral_lightning.core.state import State as State
     from spiral_lightning.datasets.mapstyle import TableMapDataset
     from spiral_lightning.datasets.mixture import Mixture
     from spiral_lightning.datasets.packing import PackedDataset
@@ -26,12 +41,15 @@ if TYPE_CHECKING:
     from spiral_lightning.datasets.table import TableDataset
     from spiral_lightning.datasets.windows import WindowDataset, Windows
     from spiral_lightning.lightning.datamodule import SpiralDataModule
-    from spiral_lightning.lightning.loader import SpiralLoader
+    from spiral_lightning.lightning.loader import SpiralLoader as SpiralLoader
     from spiral_lightning.lightning.stall import DataStallMeter
+    from spiral_lightning.media.ingest import ingest_images, ingest_videos
     from spiral_lightning.planning.policies import Shuffled, balanced, stripe
     from spiral_lightning.reading.packing import Packing
-    from spiral_lightning.reading.tensors import NullError, Nulls, to_torch
-    from spiral_lightning.reading.transfer import send_by_name
+    from spiral_lightning.reading.tensors import NullError as NullError
+    from spiral_lightning.reading.tensors import Nulls as Nulls
+    from spiral_lightning.reading.tensors import to_torch as to_torch
+    from spiral_lightning.reading.transfer import send_by_name as send_by_name
     from spiral_lightning.sources.write import write_table
 
 #: Each public name and the module that defines it.
@@ -66,14 +84,17 @@ _HOMES = {
     "Windows": "datasets.windows",
     "WorkItem": "core.plan",
     "balanced": "planning.policies",
+    "ingest_images": "media.ingest",
+    "ingest_videos": "media.ingest",
     "send_by_name": "reading.transfer",
     "stripe": "planning.policies",
     "to_torch": "reading.tensors",
     "write_table": "sources.write",
 }
 
+#: What users build. The other names of ``_HOMES`` (cursors, states, plan values, the loader
+#: class, tensor helpers) stay importable from here, and from their modules.
 __all__ = [
-    "Cursor",
     "DataStallMeter",
     "FrameIndices",
     "FrameNeighborhood",
@@ -81,31 +102,22 @@ __all__ = [
     "FrameTimes",
     "Image",
     "Mixture",
-    "NullError",
-    "Nulls",
     "PackedDataset",
     "Packing",
     "Padded",
-    "Policy",
-    "Shard",
     "Shuffled",
     "SpiralDataModule",
-    "SpiralLoader",
-    "Split",
     "StallMeter",
-    "State",
     "TableDataset",
     "TableMapDataset",
     "TableSpec",
-    "TooLong",
     "Video",
     "WindowDataset",
     "Windows",
-    "WorkItem",
     "balanced",
-    "send_by_name",
+    "ingest_images",
+    "ingest_videos",
     "stripe",
-    "to_torch",
     "write_table",
 ]
 

@@ -109,3 +109,48 @@ def test_a_fit_prints_no_warnings_of_other_libraries(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "args parameter" not in done.stderr
     assert "set_vital" not in done.stderr
+
+
+#: A model of the user's own, in a file beside them, with no validation_step.
+USER_MODEL = """
+import lightning.pytorch as pl
+import torch
+
+
+class TinyModel(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 4)
+
+    def training_step(self, batch, index):
+        return torch.nn.functional.cross_entropy(self.layer(batch["features"]), batch["label"])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+def test_a_config_finds_the_users_own_model_and_fits_without_a_val_table_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    (tmp_path / "mymodels.py").write_text(USER_MODEL)
+    demo_table(tmp_path / "demo", rows=400, split_rows=100)
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(
+        f"""
+trainer: {{accelerator: cpu, max_steps: 3, logger: false, enable_progress_bar: false,
+  enable_model_summary: false, enable_checkpointing: false, default_root_dir: {tmp_path}}}
+model:
+  class_path: mymodels.TinyModel
+data:
+  class_path: spiral_lightning.SpiralDataModule
+  init_args: {{train: "spiral:{tmp_path / "demo"}", columns: [features, label], batch_size: 50, shuffle: true}}
+"""
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", str(tmp_path))])
+    main(["fit", "--config", str(experiment)])
+    assert str(tmp_path) in sys.path
+    assert "mymodels" in sys.modules
+    printed = [str(warning.message) for warning in recwarn]
+    assert not [message for message in printed if "val_dataloader" in message or "Total length" in message]

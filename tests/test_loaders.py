@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec
+from spiral_lightning import Mixture, SpiralDataModule, TableDataset, TableMapDataset, TableSpec, WindowDataset, Windows
 from spiral_lightning.datasets.job import even_note
 from spiral_lightning.datasets.loader import referenced_modules
 from tests.loaders import stopped_and_resumed
 
 SIZES = [300, 40, 500, 160]
 TOTAL = sum(SIZES)
+OFFSETS = [0, 300, 340, 840]
 
 
 def with_double(batch: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +49,31 @@ def test_a_datasets_loader_hands_on_its_batches_counts_them_and_resumes(make_tab
 
     with pytest.raises(ValueError, match=r"cuts its own batches.*\[batch_size, rows, \.\.\.\]"):
         dataset.loader(batch_size=64)
+
+
+@pytest.mark.slow
+def test_a_mixtures_and_a_window_datasets_loaders_hand_on_their_batches_and_resume(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    first, second = make_table(SIZES, columns=["id", "x"]), make_table([200, 200], seed=3, columns=["id", "x"])
+
+    def mixture() -> Any:
+        return Mixture([(first, 0.5), (second, 0.5)], batch_size=32, table_key="table", stop="cycle").loader(2)
+
+    before, after = stopped_and_resumed(mixture, stop=5)
+    batches = before + after
+    assert all(batch["id"].ndim == 1 for batch in batches)
+    # stop="cycle": each worker reads its share of both tables to the end at least once.
+    for table, rows in ((0, TOTAL), (1, 400)):
+        assert set(ids(batch for batch in batches if batch["table"] == table)) == set(range(rows))
+
+    def windows() -> Any:
+        return WindowDataset(first, windows=Windows(4, stride=4), batch_size=8).loader(num_workers=2)
+
+    before, after = stopped_and_resumed(windows, stop=3)
+    starts = sorted(int(start) for batch in before + after for start in batch["id"][:, 0])
+    windowed = zip(OFFSETS, SIZES, strict=True)
+    assert starts == [start for begin, size in windowed for start in range(begin, begin + size, 4)]
 
 
 @pytest.mark.slow

@@ -36,7 +36,13 @@ def reference(rows: list[list[Any]], width: int, pad: Any) -> list[list[Any]]:
 def test_pads_to_the_longest_row_with_lengths() -> None:
     batch = pa.record_batch({"t": pa.array(ROWS, pa.list_(pa.int32()))})
     converted = to_torch(batch, padded=[Padded("t", pad=-1)])
-    assert converted["t"].dtype == torch.int32
+    # Token ids arrive as int64, as PackedDataset gives them and torch's losses take them.
+    assert converted["t"].dtype == torch.int64
+    assert to_torch(batch, padded=[Padded("t", dtype="int32")])["t"].dtype == torch.int32
+    floats = pa.record_batch({"t": pa.array([[0.5], [1.5, 2.5]], pa.list_(pa.float32()))})
+    assert to_torch(floats, padded=[Padded("t")])["t"].dtype == torch.float32
+    with pytest.raises(ValueError, match="dtype must name a numpy number type such as 'int32', not 'text'"):
+        Padded("t", dtype="text")
     assert converted["t"].tolist() == reference(ROWS, 5, -1)
     assert converted["t_length"].tolist() == [3, 0, 1, 5, 2]
     sliced = to_torch(batch.slice(1, 3), padded=[Padded("t")])

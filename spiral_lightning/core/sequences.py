@@ -35,7 +35,13 @@ class Padded:
     ``max_length`` in every batch (static shapes, for compiled models). A row longer than
     ``max_length`` raises, naming table, column and row, or with ``overflow="truncate"`` keeps its
     first ``max_length`` values. The places after a row's values hold ``pad``, a value of the
-    column's type. The tensor keeps the column's number type.
+    column's type. A column of integers (token ids) becomes int64, as packed tokens and torch's
+    losses take them; any other keeps its number type; ``dtype`` (a numpy name such as
+    ``"int32"`` or ``"float16"``) asks for another.
+
+        spec = TableSpec("parquet:corpus", padded=[Padded("tokens", max_length=512, pad=-1)])
+        batch = next(iter(TableDataset(spec, batch_size=8)))
+        batch["tokens"]  # int64 [8, L], L the batch's longest row; batch["tokens_length"]: [8]
     """
 
     column: str
@@ -43,6 +49,7 @@ class Padded:
     fixed: bool = False
     pad: int | float = 0
     overflow: Overflow = "raise"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
@@ -56,6 +63,21 @@ class Padded:
             raise ValueError(f"Padded({self.column!r}) pad must be a number, not {self.pad!r}")
         if self.overflow not in OVERFLOW:
             raise ValueError(f"Padded({self.column!r}) overflow must be one of {OVERFLOW}, not {self.overflow!r}")
+        if self.dtype is not None:
+            try:
+                number = np.issubdtype(np.dtype(self.dtype), np.number)
+            except TypeError:
+                number = False
+            if not number:
+                raise ValueError(
+                    f"Padded({self.column!r}) dtype must name a numpy number type such as 'int32', not {self.dtype!r}"
+                )
+
+    def out_dtype(self, values: np.dtype[Any]) -> np.dtype[Any]:
+        """The type of the padded tensor of a column whose values are of type ``values``."""
+        if self.dtype is not None:
+            return np.dtype(self.dtype)
+        return np.dtype(np.int64) if np.issubdtype(values, np.integer) else values
 
 
 class TooLong(ValueError):
@@ -153,10 +175,11 @@ def width(rows: Ragged, padded: Padded) -> int:
 
 
 def pad(
-    rows: Ragged, values: np.ndarray[Any, Any], length: int, fill: int | float
+    rows: Ragged, values: np.ndarray[Any, Any], length: int, fill: int | float, dtype: np.dtype[Any] | None = None
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.int64]]]:
     """The rows padded to ``length`` (each row's first ``length`` values, then ``fill``) from
-    ``values``, the leaf values as numpy, and the count of each row's values kept.
+    ``values``, the leaf values as numpy, as ``dtype`` (theirs when ``None``), and the count of
+    each row's values kept.
 
     One boolean-mask assignment places every kept value: the mask's True places, in row-major
     order, are exactly the kept values in stored order.
@@ -164,7 +187,7 @@ def pad(
     count = len(rows.lengths)
     kept = np.minimum(rows.lengths, length)
     values = values.reshape(-1, *rows.inner)
-    out = np.full((count, length, *rows.inner), fill, dtype=values.dtype)
+    out = np.full((count, length, *rows.inner), fill, dtype=values.dtype if dtype is None else dtype)
     mask = np.arange(length) < kept[:, None]
     if np.array_equal(kept, rows.lengths) and (count == 0 or _contiguous(rows)):
         out[mask] = values[: int(kept.sum())]

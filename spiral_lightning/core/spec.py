@@ -32,6 +32,10 @@ class FileVersion(NamedTuple):
 class TableSpec:
     """A table and how to scan it, cheap to pickle and to write in YAML.
 
+        spec = TableSpec("spiral:data/photos", columns=["label", "image"], filter="label < 2")
+        pinned = spec.resolve()  # the same exact version in every process that reads it
+        TableDataset(pinned, batch_size=64)  # or SpiralDataModule(train=pinned), read_table(pinned)
+
     ``uri`` names the table: ``spiral:<local root>`` (ids read from the file ``write_table``
     leaves in the root), ``spiral:<root>?resource_id=..&version_id=..``,
     ``spiral://<project>/<path>[@v<version>]`` for a remote Spiral table,

@@ -290,6 +290,8 @@ class Consumer:
             return
         self._shares_checked = True
         plan = self.source().splits
+        if not plan.total:
+            return
         workers = max(1, workers)
         mean = plan.total / (self.world_size * workers)
         for shard in every_shard(self.world_size, workers, range(self.rank, self.rank + 1)):

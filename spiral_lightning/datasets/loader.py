@@ -110,3 +110,13 @@ class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
 
     def __len__(self) -> int:
         return self.table.batches(self.num_workers)
+
+
+def batch_loader(dataset: Any, num_workers: int, options: Mapping[str, Any]) -> StatefulDataLoader:
+    """A ``StatefulDataLoader`` that hands on ``dataset``'s own batches as they are
+    (``batch_size=None``), with the settings of ``loader_options``: for a kind that cuts its own
+    batches but cannot count them ahead (a ``Mixture``, a ``WindowDataset``)."""
+    settings = loader_options(num_workers, options, dataset)
+    with without_set_vital_warning():
+        loader: StatefulDataLoader = StatefulDataLoader(dataset, batch_size=None, **settings)
+    return loader

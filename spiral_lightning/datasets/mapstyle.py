@@ -36,6 +36,10 @@ Row = dict[str, Any]
 class TableMapDataset(Dataset[Any]):
     """The rows of one table version after the filter, numbered ``0 .. len - 1`` in stored order.
 
+        rows = TableMapDataset("parquet:data/events", columns=["x", "label"])
+        rows[12], rows.__getitems__([3, 7, 9])  # a row as a dict of tensors; several at once
+        loader = rows.loader(batch_size=64, num_workers=2, shuffle=True)  # {"x": [64, 16], ...}
+
     A row number (an index) counts the rows the scan returns, split after split, so index ``i``
     is the ``i``-th row a full scan of the same spec reads. ``dataset[i]`` is a row: a dict with
     one value per column, a tensor (``[]`` for a scalar column, ``[4]`` for a ``float32[4]``

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
@@ -28,6 +29,7 @@ from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import check_same_topology
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.loader import batch_loader
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
@@ -42,6 +44,10 @@ STOP_MODES: tuple[Stop, ...] = ("first_exhausted", "cycle")
 
 class Mixture(IterableDataset[Any]):
     """Batches from several table versions, interleaved by weight, each batch from one table.
+
+        mixture = Mixture([("spiral:data/web", 0.7), ("spiral:data/books", 0.3)], batch_size=32, table_key="table")
+        for batch in mixture.loader(num_workers=2):  # {..., "table": 0 or 1}, 70% of rows from web
+            ...
 
     ``tables`` pairs each table (a spec or a uri; versions, backends and schemas may differ) with
     a positive weight, its share of the rows delivered. ``columns`` selects the columns every
@@ -162,6 +168,15 @@ class Mixture(IterableDataset[Any]):
     def epoch(self) -> int:
         """The mixture epoch read (see ``set_epoch``)."""
         return int(self._epoch[0])
+
+    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+        """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches
+        as they are (``batch_size=None``), ``num_workers`` workers started by ``forkserver`` and
+        persistent, as ``TableDataset.loader`` makes them; ``options`` go to the loader and
+        override these."""
+        for table in self.tables:
+            table.check_shares(num_workers)
+        return batch_loader(self, num_workers, options)
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` from now on: its table epochs (``pass_epoch``) and its phases. It reaches

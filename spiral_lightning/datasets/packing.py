@@ -36,6 +36,10 @@ class PackedDataset(TableDataset):
     """Batches of ``batch_size`` blocks of exactly ``length`` tokens from the token column
     ``column``, each consumer packing its own work list's documents in order (see the module).
 
+        packed = PackedDataset("spiral:data/corpus", column="tokens", length=1024, batch_size=8, separator=0)
+        batch = next(iter(packed.loader(num_workers=2)))
+        batch["tokens"], batch["positions"]  # int64 [8, 1024] each; positions restart per document
+
     A batch is ``{column: int64 [batch_size, length], "positions": int64 [batch_size, length]}``;
     other columns are not read. ``separator`` (a token id) follows each non-empty document when
     given. Every token of a consumer's documents is delivered once, in order, except its tail

@@ -37,6 +37,10 @@ _COUNT_CALL = 65_536
 class TableDataset(Consumer, IterableDataset[Any]):
     """The rows of one table version, each consumer reading only its own work list.
 
+        dataset = TableDataset("parquet:data/events", batch_size=256, columns=["x", "label"], shuffle=True)
+        for batch in dataset.loader(num_workers=2):  # {"x": float32 [256, 16], "label": int64 [256]}
+            ...  # dataset.loader().state_dict() is a cursor a new loader resumes from
+
     A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
     ``as_policy``) gives its work list, by default ``balanced`` (equal shares in stored order).
     ``shuffle=True`` reads a new order every epoch from ``seed`` instead, with blocks and

@@ -27,12 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.loader import batch_loader
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic import replan, share_of
 from spiral_lightning.planning.lineage import Lineage, Remainder, check_lineage
@@ -226,6 +228,10 @@ class WindowDataset(IterableDataset[Any]):
     """Batches of ``batch_size`` windows of one table version, each consumer windowing its own
     work list.
 
+        frames = WindowDataset("spiral:data/episodes", windows=Windows(8, stride=4, group_by="episode"), batch_size=16)
+        batch = next(iter(frames.loader(num_workers=2)))
+        batch["image"]  # [16, 8, ...]: 16 windows of 8 consecutive frames, never across episodes
+
     Consumers, ``policy``, ranks, ``read_ahead``, ``columns``, ``filter`` and the pinned version
     work as in ``TableDataset``, but the default policy is ``stripe``, whose work items are whole
     splits: ``balanced`` and ``Shuffled`` cut splits, and a window never crosses a cut. ``collate``
@@ -289,6 +295,14 @@ class WindowDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch whose work lists are read."""
         return self.table.epoch
+
+    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+        """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches
+        as they are (``batch_size=None``), ``num_workers`` workers started by ``forkserver`` and
+        persistent, as ``TableDataset.loader`` makes them; ``options`` go to the loader and
+        override these."""
+        self.table.check_shares(num_workers)
+        return batch_loader(self, num_workers, options)
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s work lists from now on."""

@@ -48,8 +48,7 @@ class BigramLM(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        # Padding keeps the column's type (int32 here); cross entropy takes int64 targets.
-        tokens, lengths, valid = batch[TOKENS].long(), batch[TOKENS + LENGTH_SUFFIX], batch[VALID]
+        tokens, lengths, valid = batch[TOKENS], batch[TOKENS + LENGTH_SUFFIX], batch[VALID]
         # A target counts when it lies inside its document, of a row of the table.
         inside = torch.arange(1, tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]
         predicted = inside & valid[:, None]

@@ -9,6 +9,7 @@ trains on any SpiralDataModule subclass; ``configs/demo.yaml`` is a complete exa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -69,8 +70,18 @@ class _Parser(LightningArgumentParser):
         return subcommands
 
 
+def import_from_working_directory() -> None:
+    """Put the working directory first on the import path, as ``python -m`` does, so that a
+    config's ``class_path: mymodels.TinyCNN`` finds ``mymodels.py`` beside the user; an installed
+    command's path starts at its script's folder instead."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run one command; ``argv`` defaults to the process's arguments."""
+    import_from_working_directory()
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["ingest"]:
         ingest(arguments[1:])

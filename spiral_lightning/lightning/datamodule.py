@@ -46,6 +46,10 @@ _STAGES: dict[str, tuple[Stage, ...]] = {
 class SpiralDataModule(pl.LightningDataModule):
     """Train, validation, test and predict tables, read by every rank and worker exactly once.
 
+        data = SpiralDataModule(train="spiral:data/train", val="spiral:data/val", batch_size=256, shuffle=True)
+        pl.Trainer(max_epochs=2).fit(model, datamodule=data)  # model sees {"x": [256, ...], ...}
+        pl.Trainer().fit(model, datamodule=data, ckpt_path="last")  # every rank resumes its rows
+
     Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
     and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
     (``"balanced"``, the default, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``), or
@@ -62,6 +66,8 @@ class SpiralDataModule(pl.LightningDataModule):
     default ``balanced`` policy they are only what the filter made unequal. Validation, test and
     predict drop nothing: every batch of theirs carries ``valid`` (see ``padding``), and a rank
     with fewer batches than another ends with padding batches whose rows it marks False.
+
+    Without a ``val`` table ``val_dataloader`` is ``None``, so Lightning fits without validating.
 
     ``access="map"`` trains through a ``TableMapDataset`` instead: rows drawn in a new order
     every epoch (``seed`` and the epoch) by torchdata's ``StatefulDistributedSampler``, read in
@@ -178,6 +184,11 @@ class SpiralDataModule(pl.LightningDataModule):
                 open_source(spec.resolve())
             except FileNotFoundError:
                 continue
+        if "val" not in self.tables:
+            # Lightning validates when a DataModule's val_dataloader is defined, and then warns of a
+            # model without validation_step or of an empty list of loaders; without a val table
+            # there is none to define, and fitting trains without validating, silently.
+            self.val_dataloader = None  # type: ignore[method-assign,assignment]
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
         self._train_loader: SpiralLoader | None = None
@@ -338,11 +349,7 @@ class SpiralDataModule(pl.LightningDataModule):
         return self._eval_loader("predict")
 
     def _eval_loader(self, stage: Stage) -> SpiralLoader | list[SpiralLoader]:
-        """The loader of ``stage`` (see ``evaluation_loader``); no loaders (an empty list, which
-        Lightning skips) when the DataModule has no table for it, so fitting without a val table
-        trains without validating."""
-        if stage not in self.tables and stage == "val":
-            return []
+        """The loader of ``stage`` (see ``evaluation_loader``)."""
         even = self.even_batches and self.trainer is not None and self.trainer.world_size > 1
         strategy = self.trainer.strategy if even and self.trainer is not None else None
         return evaluation_loader(self._dataset(stage), stage, strategy, self.num_workers, self._options())

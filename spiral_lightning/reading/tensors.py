@@ -254,7 +254,8 @@ class _Plan(NamedTuple):
         length = width(rows, self.padded)
         if leaf.null_count:
             leaf = pc.fill_null(leaf, pa.scalar(self.example if self.fill is None else self.fill, leaf.type))
-        out, kept = pad(rows, leaf.to_numpy(zero_copy_only=False), length, self.padded.pad)
+        values = leaf.to_numpy(zero_copy_only=False)
+        out, kept = pad(rows, values, length, self.padded.pad, self.padded.out_dtype(values.dtype))
         return torch.from_numpy(out), torch.from_numpy(kept), torch.from_numpy(~invalid)
 
     @classmethod
