@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from spiral_lightning.reading.tensors import Nulls as Nulls
     from spiral_lightning.reading.tensors import to_torch as to_torch
     from spiral_lightning.reading.transfer import send_by_name as send_by_name
+    from spiral_lightning.sources.ingest_files import ingest_files
     from spiral_lightning.sources.write import write_table
 
 #: Each public name and the module that defines it.
@@ -84,6 +85,7 @@ _HOMES = {
     "Windows": "datasets.windows",
     "WorkItem": "core.plan",
     "balanced": "planning.policies",
+    "ingest_files": "sources.ingest_files",
     "ingest_images": "media.ingest",
     "ingest_videos": "media.ingest",
     "send_by_name": "reading.transfer",
@@ -115,6 +117,7 @@ __all__ = [
     "WindowDataset",
     "Windows",
     "balanced",
+    "ingest_files",
     "ingest_images",
     "ingest_videos",
     "stripe",

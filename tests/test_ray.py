@@ -40,9 +40,10 @@ def _ray(local_ray: None) -> None:
     """Every test here reads through the session's local Ray."""
 
 
-def rank_ids(spec: TableSpec, rank: int, world_size: int) -> list[int]:
-    """The ids ``TableDataset`` gives ``rank``, in order: what every Ray reader must match."""
-    dataset = TableDataset(spec, rank=rank, world_size=world_size, collate=None)
+def rank_ids(spec: TableSpec, rank: int, world_size: int, policy: str = "balanced") -> list[int]:
+    """The ids ``TableDataset`` gives ``rank`` under ``policy``, in order: what every Ray reader
+    must match."""
+    dataset = TableDataset(spec, rank=rank, world_size=world_size, collate=None, policy=policy)
     return [int(i) for batch in dataset for i in batch.column("id").to_pylist()]
 
 
@@ -155,7 +156,7 @@ def test_trainer_workers_read_exactly_their_ranks_rows(
     config["policy"] = "stripe"
     read_in_process(config, monkeypatch)
     for rank in range(2):
-        assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2)
+        assert ids_of(out, "all", rank) == rank_ids(spec, rank, 2, "stripe")
 
 
 def test_a_run_stopped_mid_epoch_resumes_every_row_once(
@@ -184,12 +185,12 @@ def test_a_run_stopped_mid_epoch_resumes_every_row_once(
     assert sorted(path.name for path in saved.iterdir()) == ["spiral-loader-rank0.pt", "spiral-loader-rank1.pt"]
 
     read_in_process({**config, "run": "second"}, monkeypatch, checkpoint=Checkpoint(str(saved)))
-    quota = min(len(rank_ids(spec, rank, 2)) for rank in range(2))
+    quota = min(len(rank_ids(spec, rank, 2, "stripe")) for rank in range(2))
     assert quota == 800
     for rank in range(2):
         first, second = ids_of(out, "first", rank), ids_of(out, "second", rank)
         assert len(first) == 3 * 100
-        assert first + second == rank_ids(spec, rank, 2)[:quota]
+        assert first + second == rank_ids(spec, rank, 2, "stripe")[:quota]
 
     # The checkpoint refuses another version of the table.
     other = make_table(SPLITS, seed=1)
@@ -297,7 +298,7 @@ def test_a_table_in_an_object_store_reads_in_tasks_and_train_workers(
     config["policy"] = "stripe"
     read_in_process(config, monkeypatch)
     for rank in range(2):
-        assert ids_of(out, "s3", rank) == rank_ids(spec, rank, 2)
+        assert ids_of(out, "s3", rank) == rank_ids(spec, rank, 2, "stripe")
 
 
 def test_train_loader_balances_uneven_splits_by_default_and_leaves_out_at_most_a_row_per_consumer(

@@ -42,31 +42,24 @@ class TableDataset(Consumer, IterableDataset[Any]):
             ...  # dataset.loader().state_dict() is a cursor a new loader resumes from
 
     A consumer is a DataLoader worker on one rank; ``policy`` (a function or its name, see
-    ``as_policy``) gives its work list, by default ``balanced`` (equal shares in stored order).
-    ``shuffle=True`` reads a new order every epoch from ``seed`` instead, with blocks and
-    windows sized for the table (see ``shuffle_for``), so that a batch draws from many places of
-    it. Each consumer cuts its rows into
-    frames of ``batch_size`` rows (read batches as they come when ``None``); ``last`` decides
-    the rows after its last full frame. ``collate``
-    turns each frame into what the dataset yields: tensors by default, the Arrow batch when
-    ``None``. The spec's media projections then decode their columns; rows dropped by
-    ``on_error="skip"`` make their batch shorter and are counted in ``skipped`` and the state.
-    ``rows_per_consumer`` is a quota: each consumer stops after that many rows of its
-    work list and drops the rest, so consumers with unequal shares yield equal batches. Read it
-    through ``loader()``, or a ``DataLoader(batch_size=None)`` whose workers start by
-    ``"forkserver"`` or ``"spawn"``: the dataset opens its table when built, in the building
-    process, so that a bad column, filter or policy fails there, and a process that opened a
-    table cannot fork.
+    ``as_policy``) gives its work list, by default ``balanced`` (equal shares in stored order);
+    ``shuffle=True`` reads a new order every epoch from ``seed`` instead, in blocks and windows
+    sized for the table (see ``shuffle_for``). Each consumer cuts its rows into frames of
+    ``batch_size`` rows (read batches as they come when ``None``); ``last`` decides the rows after
+    its last full frame. ``collate`` turns each frame into what the dataset yields: tensors by
+    default, the Arrow batch when ``None``. The spec's media projections then decode their
+    columns; rows dropped by ``on_error="skip"`` make their batch shorter and are counted in
+    ``skipped`` and the state. ``rows_per_consumer`` is a quota: each consumer stops after that
+    many rows of its work list. Read it through ``loader()``, or a ``DataLoader(batch_size=None)``
+    whose workers start by ``"forkserver"`` or ``"spawn"``: a process that opened a table (the
+    dataset opens it when built, so a bad column, filter or policy fails there) cannot fork.
 
-    ``set_epoch`` and ``set_rows_per_consumer`` reach DataLoader workers that are already running
-    (``persistent_workers=True``): both settings live in a small shared-memory tensor that the
-    workers' copies share, and a worker reads them each time an epoch's iteration starts.
+    ``set_epoch`` and ``set_rows_per_consumer`` reach running (persistent) DataLoader workers
+    through a small shared-memory tensor, which a worker reads as each epoch's pass starts.
 
-    ``read_ahead`` read batches are read ahead of the consumer on a thread of the iterating
-    process, so the source decodes while the consumer frames, converts and trains (0 reads in
-    line); ``read_threads`` work items are read at once, each on its own thread, so the source
-    decodes on several cores (``None``: the cores this process gets beside the other DataLoader
-    workers, at most 4). Neither changes a row, the order or a state.
+    ``read_ahead`` read batches are read ahead of the consumer on a thread (0 reads in line), and
+    ``read_threads`` work items at once, each on its own thread (``None``: the cores this process
+    gets beside the other DataLoader workers, at most 4). Neither changes a row, order or state.
 
     ``storage_options`` reach a Parquet table in an object store, and ``columns`` and ``filter``
     (a string such as ``"label < 2"`` or a spiral expression) select what is read, as the
@@ -113,8 +106,6 @@ class TableDataset(Consumer, IterableDataset[Any]):
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         self.batch_size = batch_size
         self.last: Last = last
-        # Opens the source here, in the process that builds the dataset, so an unknown column,
-        # media column or filter fails now rather than later inside a DataLoader worker.
         super().__init__(
             spec,
             policy=policy,

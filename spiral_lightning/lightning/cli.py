@@ -1,6 +1,7 @@
 """The ``spiral-lightning`` command line: Lightning's ``fit``, ``validate``, ``test`` and
 ``predict`` over a SpiralDataModule, configured by YAML files (``--config``) and flags, and
-``ingest images|videos SRC DEST``, which turns a class-per-subfolder folder into a table.
+``ingest images|videos|rows SRC DEST``, which turns a class-per-subfolder folder, or CSV, Parquet or
+JSON-lines files, into a table.
 
 The model and the data module are named by ``class_path`` in the config, so any LightningModule
 trains on any SpiralDataModule subclass; ``configs/demo.yaml`` is a complete example.
@@ -19,9 +20,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 from spiral_lightning.media.ingest import ingest_images, ingest_videos
+from spiral_lightning.sources.ingest_files import ingest_files
 
 #: What ``ingest`` does, in one line: its entry in ``spiral-lightning --help``.
-INGEST_HELP = "Write a class-per-subfolder folder as a new table."
+INGEST_HELP = (
+    "Write a class-per-subfolder folder of images or videos, or CSV, Parquet or JSON-lines files, as a new table."
+)
 
 
 def _positive(text: str) -> int:
@@ -31,29 +35,65 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _column_type(text: str) -> tuple[str, str]:
+    """``name=type``, or argparse's error naming the option."""
+    name, equals, kind = text.partition("=")
+    if not equals or not name or not kind:
+        raise argparse.ArgumentTypeError(f"must be name=type (such as zip=string), not {text!r}")
+    return name, kind
+
+
 def ingest(argv: Sequence[str]) -> None:
-    """``ingest images|videos SRC DEST``: write the folder SRC as a new table at DEST; a refusal
-    (no such folder, DEST not empty, no file that decodes) is one line on stderr and exit status 1."""
+    """``ingest images|videos|rows SRC DEST``: write SRC as a new table at DEST; a refusal (no such
+    folder, DEST not empty, no file that decodes, a file that does not parse) is one line on
+    stderr and exit status 1."""
     parser = argparse.ArgumentParser(
         prog="spiral-lightning ingest",
         description="Write a class-per-subfolder folder of images or videos as a new table, with a label column "
-        "and the class names in the table's metadata. Files that do not decode (and, for videos, still images) "
-        "are listed, not written.",
+        "and the class names in the table's metadata (files that do not decode, and for videos still images, are "
+        "listed, not written); or, with 'rows', the rows of CSV, Parquet or JSON-lines files (.csv, .parquet, "
+        ".jsonl, .ndjson), streamed, with the columns they have.",
     )
-    parser.add_argument("kind", choices=["images", "videos"])
-    parser.add_argument("src", help="the folder: one subfolder per class")
+    parser.add_argument("kind", choices=["images", "videos", "rows"])
+    parser.add_argument(
+        "src",
+        help="images, videos: the folder, one subfolder per class; rows: a file, a folder (its files of one format, "
+        "in sorted order) or a quoted glob",
+    )
     parser.add_argument(
         "dest", help="a new table: a folder (a local Spiral table), spiral:<folder> or parquet:<folder>"
     )
     parser.add_argument("--split-rows", type=_positive, default=None, help="rows per split (row group)")
+    parser.add_argument(
+        "--column-types",
+        type=_column_type,
+        action="append",
+        default=[],
+        metavar="NAME=TYPE",
+        help="rows: a column's type (int64, float64, string, bool, date32, timestamp[ms], ...), once per column; CSV "
+        "and JSON-lines types are otherwise inferred from the first file's first block",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.column_types and args.kind != "rows":
+        parser.error("--column-types is for 'ingest rows'")
     dest = args.dest if ":" in args.dest else f"spiral:{args.dest}"
-    write = ingest_images if args.kind == "images" else ingest_videos
-    options = {} if args.split_rows is None else {"split_rows": args.split_rows}
+    options: dict[str, Any] = {} if args.split_rows is None else {"split_rows": args.split_rows}
     try:
-        report = write(args.src, dest, **options)
+        if args.kind == "rows":
+            written = ingest_files(
+                args.src, dest, column_types=dict(args.column_types), progress=not args.quiet, **options
+            )
+        else:
+            write = ingest_images if args.kind == "images" else ingest_videos
+            report = write(args.src, dest, progress=not args.quiet, **options)
     except (OSError, ValueError) as error:
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+        message = " ".join([str(error), *getattr(error, "__notes__", ())])
+        parser.exit(1, f"{parser.prog}: error: {message}\n")
+    if args.kind == "rows":
+        read = f"{len(written.files)} file" + ("" if len(written.files) == 1 else "s")
+        print(f"wrote {written.rows} rows of {len(written.columns)} columns from {read} to {written.spec.uri}")
+        return
     print(f"wrote {report.rows} rows of {len(report.classes)} classes {list(report.classes)} to {report.spec.uri}")
     if report.bad:
         files = "file that does" if len(report.bad) == 1 else "files that do"

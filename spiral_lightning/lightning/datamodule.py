@@ -50,54 +50,43 @@ class SpiralDataModule(pl.LightningDataModule):
         pl.Trainer(max_epochs=2).fit(model, datamodule=data)  # model sees {"x": [256, ...], ...}
         pl.Trainer().fit(model, datamodule=data, ckpt_path="last")  # every rank resumes its rows
 
-    Each stage names a table (a ``TableSpec`` or a uri such as ``spiral:data/demo``); ``columns``
-    and ``filter`` apply to every stage. ``policy`` is a policy function or the name of one
-    (``"balanced"``, the default, ``"stripe"``, ``"shuffled"`` (``Shuffled(seed=seed)``), or
-    ``"module.function"``). ``shuffle=True`` reads the train table in a new order every epoch,
-    drawn from ``seed``, with blocks and windows sized for the table (see ``TableDataset``);
-    validation, test and predict keep ``balanced``. ``setup`` takes rank and world size
-    from the Trainer and pins each table to one version, resolved on rank 0 and shared with the
-    other ranks.
-
-    ``even_batches`` (on by default) gives every training consumer (a worker of a rank) the same
-    quota of rows when there is more than one rank: the minimum of their exact counts after the
-    filter, so every rank yields the same batches and DDP cannot wait forever on a rank that ran
-    out. The rows past the quota are dropped for that epoch and their number logged; with the
-    default ``balanced`` policy they are only what the filter made unequal. Validation, test and
-    predict drop nothing: every batch of theirs carries ``valid`` (see ``padding``), and a rank
-    with fewer batches than another ends with padding batches whose rows it marks False.
-
+    ``setup`` takes rank and world size from the Trainer and pins each table to the version rank
+    0 resolved. Even batches give every training consumer the same quota of rows, the fewest any
+    has, so DDP never waits on a rank that ran out (the rest is left out and logged); evaluation
+    leaves out nothing, its batches carry ``valid`` (see ``padding``). The checkpoint holds every
+    rank's position; on resume each rank restores its own, or re-plans under another topology.
     Without a ``val`` table ``val_dataloader`` is ``None``, so Lightning fits without validating.
 
-    ``access="map"`` trains through a ``TableMapDataset`` instead: rows drawn in a new order
-    every epoch (``seed`` and the epoch) by torchdata's ``StatefulDistributedSampler``, read in
-    batched random accesses, each rank its own share; validation, test and predict still read
-    in stored order.
-
-    The checkpoint holds every rank's loader position (gathered from all ranks whenever one is
-    saved) with the world size and worker count; on resume each rank restores its own.
-
-    Every consumer reads ``read_ahead`` read batches ahead of each of ``read_threads`` work items
-    read at once, on threads (see ``TableDataset``).
-
-    ``packing`` trains on blocks of tokens instead of rows: a ``PackedDataset`` packs the train
-    table's token column into blocks of ``packing.length`` tokens, ``batch_size`` blocks a batch,
-    and even batches count blocks. Validation, test and predict still read rows (pad a ragged
-    column with ``TableSpec(padded=...)``).
-
-    ``transform`` is called on each batch of every stage, after decoding, in the DataLoader
-    worker that reads it (see ``TableDataset``); under ``access="map"``, on each collated batch.
-
-    ``storage_options`` reach Parquet tables in an object store, for every stage (see
-    ``TableSpec``); keep secrets in the environment rather than in a YAML file, which
-    LightningCLI copies into the run's folder.
-
-    Workers send their batches by torch's default sharing strategy, not by name (see
-    ``send_by_name``, which a loader of your own may take).
-
-    ``stall_meter`` adds a ``DataStallMeter`` to the Trainer when fitting (unless it has one):
-    every step logs how long it waited for its batch, and a run whose steps keep waiting warns
-    once, naming the settings that would feed it faster.
+    Args:
+        train: The train table: a ``TableSpec`` or a uri such as ``spiral:data/demo``.
+        val: The validation table, read in stored order (``balanced``).
+        test: The test table, read as ``val``.
+        predict: The predict table, read as ``val``.
+        columns: The columns every stage reads (each spec's own when ``None``).
+        filter: The rows every stage keeps: text such as ``"label < 2"`` or a spiral expression.
+        batch_size: Rows a batch (packed blocks a batch with ``packing``).
+        num_workers: DataLoader workers a rank, started by ``forkserver``; 0 reads in process.
+        policy: The order of the stages' tables: ``"balanced"`` (the default), ``"stripe"``,
+            ``"shuffled"`` (``Shuffled(seed)``), ``"module.function"`` or a policy function.
+        shuffle: Read the train table in a new, well-mixed order every epoch, drawn from
+            ``seed`` (see ``TableDataset``); the other stages keep ``policy``.
+        seed: The seed of ``shuffle``, ``"shuffled"`` and ``access="map"``'s order.
+        last: What a consumer does with the rows after its last full batch.
+        pin_memory: Pin each batch's tensors for a faster copy to the GPU.
+        persistent_workers: Keep the workers from one epoch to the next.
+        multiprocessing_context: How workers start: ``"forkserver"`` (the default) or ``"spawn"``.
+        even_batches: Give every rank the same batches when there is more than one (see above).
+        access: ``"map"`` trains through a ``TableMapDataset``, rows drawn in a new order every
+            epoch by torchdata's ``StatefulDistributedSampler``, read in batched random accesses.
+        read_ahead: Read batches each consumer reads ahead, on a thread (0 reads in line).
+        read_threads: Work items each consumer reads at once (``None``: from the cores).
+        storage_options: Settings of the object store of Parquet tables (keep secrets in the
+            environment, not in a YAML file, which LightningCLI copies into the run's folder).
+        transform: Called on each batch in the worker that reads it, after decoding.
+        packing: Train on blocks of ``packing.length`` tokens of a token column instead of rows
+            (a ``PackedDataset``); even batches count blocks; other stages read rows.
+        stall_meter: Add a ``DataStallMeter`` to the Trainer when fitting: every step logs how
+            long it waited for its batch, and a run that keeps waiting warns once.
     """
 
     def __init__(
@@ -172,8 +161,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self.seed = seed
         self.transform = transform
         self.stall_meter = stall_meter
-        # Lightning warns that any IterableDataset's length "could be inaccurate" with workers; a
-        # SpiralLoader's length is the rank's exact batch count, so the warning would only mislead.
+        # Lightning warns that an IterableDataset's length "could be inaccurate"; a SpiralLoader's is exact.
         warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
         for spec in self.tables.values():
             # Opened once here, in the process that builds the DataModule, so an unknown column,
@@ -185,9 +173,7 @@ class SpiralDataModule(pl.LightningDataModule):
             except FileNotFoundError:
                 continue
         if "val" not in self.tables:
-            # Lightning validates when a DataModule's val_dataloader is defined, and then warns of a
-            # model without validation_step or of an empty list of loaders; without a val table
-            # there is none to define, and fitting trains without validating, silently.
+            # Lightning validates when val_dataloader is defined, and warns when it gives no loaders.
             self.val_dataloader = None  # type: ignore[method-assign,assignment]
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None

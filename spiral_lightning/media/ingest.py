@@ -28,6 +28,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from spiral_lightning.core.media import DecodeError, FrameIndices, Image, Video
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.media.decode import decode_clip, decode_image
+from spiral_lightning.sources.ingest_files import check_destination
 from spiral_lightning.sources.write import write_table
 
 #: The schema metadata key holding the class names, a JSON list in label order.
@@ -207,23 +208,8 @@ def read_folder(src: str | Path, kind: Literal["images", "videos"], *, progress:
     raise ValueError(f"kind must be 'images' or 'videos', not {kind!r}")
 
 
-def _check_destination(dest_uri: str) -> None:
-    """Refuse, before any file is read, a destination other than a Spiral or Parquet table (an SDS
-    dataset holds no bytes) and a local one that is not an empty folder; ``write_table`` checks
-    every destination, remote ones too, again as it writes."""
-    scheme, _, target = dest_uri.partition(":")
-    if scheme not in ("spiral", "parquet"):
-        raise ValueError(f"ingest writes a 'spiral:<folder>' or 'parquet:<folder>' table, not {dest_uri!r}")
-    folder = target.partition("?")[0] if scheme == "spiral" else target
-    if not folder or folder.startswith("//") or "://" in folder:
-        return
-    path = Path(folder)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise FileExistsError(f"{folder!r} is not an empty folder; ingest writes a new table, give DEST a new folder")
-
-
 def _ingest(rows: FolderRows, dest_uri: str, split_rows: int) -> IngestReport:
-    _check_destination(dest_uri)
+    check_destination(dest_uri)
     reader = rows.reader()
     try:
         spec = write_table(dest_uri, reader, split_rows=split_rows)

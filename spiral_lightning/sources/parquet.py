@@ -10,6 +10,10 @@ object store fetches the column chunks it needs as coalesced range reads, severa
 ahead on a small pool of threads, and decodes them from memory; it checks each file against the
 plan once, when it first opens the file in that pass. Local files are read in place and checked
 after every read, which costs a ``stat``.
+
+Files may differ in schema and sit in hive partition folders: the source reads the union of
+their columns plus the folders' keys, and plans no row group of a file its filter excludes by
+those alone (see ``parquet_lake``).
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from spiral_lightning.sources.parquet_fetch import (
     read_at,
 )
 from spiral_lightning.sources.parquet_files import (
+    FOOTER_THREADS,
     changed_error,
-    check_schema,
     check_unchanged,
     etag_of,
     footer_cache,
@@ -61,6 +65,7 @@ from spiral_lightning.sources.parquet_files import (
     same_file,
     version,
 )
+from spiral_lightning.sources.parquet_lake import Lake, partition_root
 from spiral_lightning.sources.protocol import ReadBatch, Take
 
 #: What the backend registry reads of this module (resolve and version pin the files).
@@ -95,7 +100,10 @@ class ParquetSource:
             if spec.cache_dir is not None and spec.cache_bytes is not None and self._location.remote
             else None
         )
-        schema = self._first_schema = self._footer(0).schema.to_arrow_schema()
+        paths = [planned.path for planned in self._planned]
+        footers = [footer.schema.to_arrow_schema() for footer in self._footers()]
+        self._lake = Lake.of(paths, footers, partition_root(self._location.path))
+        schema = self._lake.schema
         if spec.columns is not None:
             unknown = [name for name in spec.columns if name not in schema.names]
             if unknown:
@@ -103,20 +111,31 @@ class ParquetSource:
         self._columns = list(spec.columns) if spec.columns is not None else schema.names
         self._filter, self._filter_columns = _native_filter(spec.filter, schema)
         self._read_columns = self._columns + [name for name in self._filter_columns if name not in self._columns]
-        self._schema = pa.schema([schema.field(name) for name in self._columns], metadata=schema.metadata)
-        self._kept_rows: dict[int, np.ndarray] = {}
-        self._groups = [
-            (file, group) for file, planned in enumerate(self._planned) for group in range(len(planned.row_groups))
-        ]
-        group_rows = np.fromiter(
-            (rows for planned in self._planned for rows in planned.row_groups), dtype=np.int64, count=len(self._groups)
+        self._lake.check(self._read_columns, spec.uri)
+        self._schema, self._read_schema, self._filter_schema = (
+            pa.schema([schema.field(name) for name in names], metadata=schema.metadata)
+            for names in (self._columns, self._read_columns, self._filter_columns)
         )
-        self._splits = Plan.of(np.arange(group_rows.size), np.zeros_like(group_rows), group_rows)
         if self._filter is not None:
             try:
                 schema.empty_table().filter(self._filter)
             except (pa.ArrowException, TypeError) as error:
                 raise ValueError(f"the filter {spec.filter} cannot scan {spec.uri!r}: {error}") from error
+        # Files a filter excludes by their partition values or missing columns are no splits.
+        kept = self._lake.kept_files(filters.parse(spec.filter), spec.filter) if isinstance(spec.filter, str) else None
+        self._kept_rows: dict[int, np.ndarray] = {}
+        self._groups = [
+            (file, group)
+            for file, planned in enumerate(self._planned)
+            if kept is None or kept[file]
+            for group in range(len(planned.row_groups))
+        ]
+        group_rows = np.fromiter(
+            (self._planned[file].row_groups[group] for file, group in self._groups),
+            dtype=np.int64,
+            count=len(self._groups),
+        )
+        self._splits = Plan.of(np.arange(group_rows.size), np.zeros_like(group_rows), group_rows)
 
     @property
     def version(self) -> str:
@@ -134,6 +153,14 @@ class ParquetSource:
     def splits(self) -> Plan:
         return self._splits
 
+    def _footers(self) -> list[pq.FileMetaData]:
+        """Every file's footer, which the table's schema unites: an object store's read together."""
+        files = range(len(self._planned))
+        if not self._location.remote or len(files) < 2:
+            return [self._footer(file) for file in files]
+        with ThreadPoolExecutor(min(FOOTER_THREADS, len(files))) as pool:
+            return list(pool.map(self._footer, files))
+
     def _footer(self, file: int) -> pq.FileMetaData:
         """The footer of file ``file``, read once per process and checked against the plan."""
         planned = self._planned[file]
@@ -147,8 +174,6 @@ class ParquetSource:
         layout = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         if layout != planned.row_groups:
             raise changed_error(self._spec, [f"changed the row groups of {planned.path!r}"])
-        if file:
-            check_schema(planned.path, footer.schema.to_arrow_schema(), self._planned[0].path, self._first_schema)
         remember_footer(self._location.kind, planned, footer)
         return footer
 
@@ -280,7 +305,8 @@ class ParquetSource:
                 while len(ahead) < self._spec.prefetch and (following := next(upcoming, None)) is not None:
                     index, item = following
                     file, group = self._groups[item.split]
-                    ahead.append((index, self._fetch(partial(files.open, file), file, group, columns)))
+                    stored = self._lake.columns_in(file, columns)
+                    ahead.append((index, self._fetch(partial(files.open, file), file, group, stored)))
                 if not ahead:
                     return
                 index, pending = ahead.popleft()
@@ -291,26 +317,27 @@ class ParquetSource:
                     part.cancel()
 
     def _batches(
-        self, item: WorkItem, reader: pq.ParquetFile, columns: list[str]
+        self, item: WorkItem, reader: pq.ParquetFile, schema: pa.Schema
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
-        """Stored rows ``start..end`` of ``item`` read as ``columns``, each batch with the stored
-        row after it. Rows before ``start`` in the row group are decoded but never returned."""
+        """Stored rows ``start..end`` of ``item`` read as ``schema``'s columns, each batch with the
+        stored row after it. Rows before ``start`` in the row group are decoded but never returned."""
         file, group = self._groups[item.split]
         row = 0
-        batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns)
+        stored = self._lake.columns_in(file, schema.names)
+        batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored)
         while (batch := self._checked(file, lambda: next(batches, None))) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
                 continue
             begin, end = max(item.start, first), min(item.end, row)
-            yield batch.slice(begin - first, end - begin), end
+            yield self._lake.conform(file, batch.slice(begin - first, end - begin), schema), end
             if row >= item.end:
                 return
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
         files = PassFiles(self._open_checked)
         for index, item, reader in self._groups_ahead(items, self._read_columns, files):
-            for batch, next_row in self._batches(item, reader, self._read_columns):
+            for batch, next_row in self._batches(item, reader, self._read_schema):
                 if self._filter is not None:
                     batch = batch.filter(self._filter)
                 yield batch.select(self._columns), index, next_row
@@ -322,21 +349,23 @@ class ParquetSource:
         counts = [0] * len(items)
         for index, item, reader in self._groups_ahead(items, self._filter_columns, files):
             counts[index] = sum(
-                batch.filter(self._filter).num_rows for batch, _ in self._batches(item, reader, self._filter_columns)
+                batch.filter(self._filter).num_rows for batch, _ in self._batches(item, reader, self._filter_schema)
             )
         return counts
 
-    def _read_group(self, split: int, columns: list[str]) -> pa.Table:
+    def _read_group(self, split: int, schema: pa.Schema) -> pa.Table:
         file, group = self._groups[split]
         files = PassFiles(self._open_checked)
-        pending = self._fetch(lambda: files.open(file), file, group, columns) if self._location.remote else None
-        reader = self._row_group(files, pending, file, columns)
-        return self._checked(file, lambda: reader.read_row_group(group, columns=columns))
+        stored = self._lake.columns_in(file, schema.names)
+        pending = self._fetch(lambda: files.open(file), file, group, stored) if self._location.remote else None
+        reader = self._row_group(files, pending, file, stored)
+        read = self._checked(file, lambda: reader.read_row_group(group, columns=stored))
+        return self._lake.conform(file, read, schema)
 
     def _kept(self, split: int) -> np.ndarray:
         """The stored rows of ``split`` the filter keeps, read once per source."""
         if split not in self._kept_rows:
-            keys = self._read_group(split, self._filter_columns)
+            keys = self._read_group(split, self._filter_schema)
             numbered = keys.append_column("__stored_row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
             self._kept_rows[split] = numbered.filter(self._filter).column("__stored_row").to_numpy()
         return self._kept_rows[split]
@@ -349,7 +378,7 @@ class ParquetSource:
             if self._filter is not None:
                 rows = self._kept(split)[rows]
             if split not in groups:
-                groups[split] = self._read_group(split, self._columns)
+                groups[split] = self._read_group(split, self._schema)
             parts.append(groups[split].take(pa.array(rows)))
         return pa.concat_tables(parts) if parts else self.schema.empty_table()
 

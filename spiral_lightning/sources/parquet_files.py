@@ -178,23 +178,13 @@ def resolve(spec: TableSpec) -> TableSpec:
     else:
         footers = [read_footer(spec, location, info) for info in infos]
     files: list[FileVersion] = []
-    first: pa.Schema | None = None
     for info, (footer, etag) in zip(infos, footers, strict=True):
-        schema = footer.schema.to_arrow_schema()
-        if first is None:
-            first = schema
-        else:
-            check_schema(info.path, schema, files[0].path, first)
+        # Schemas may differ: a source reads the union of them (see ``parquet_lake``).
         row_groups = tuple(footer.row_group(index).num_rows for index in range(footer.num_row_groups))
         file = FileVersion(info.path, info.size, info.mtime_ns, row_groups, etag)
         remember_footer(location.kind, file, footer)
         files.append(file)
     return replace(spec, files=tuple(files))
-
-
-def check_schema(path: str, schema: pa.Schema, first_path: str, first: pa.Schema) -> None:
-    if not schema.equals(first):
-        raise ValueError(f"{path!r} has the schema {schema}, unlike {first_path!r} ({first})")
 
 
 def version(spec: TableSpec) -> str:
