@@ -172,3 +172,29 @@ def test_counts_follow_the_epochs_work_lists_and_are_made_once_per_list(make_tab
     # The odd epochs read other lists (rank 0's share changes), which are counted once; epochs
     # 0 and 2 read the same lists, so after epochs 0 and 1 nothing is counted again.
     assert counted[0] < counted[1] == counted[2] == counted[3] == counted[4]
+
+
+def even_epoch_ids(spec: TableSpec, epoch: int, **options: Any) -> set[int]:
+    """The ids two ranks deliver in ``epoch`` under even batches (the fewest rows of any consumer)."""
+    delivered: set[int] = set()
+    for rank in range(2):
+        dataset = TableDataset(spec, batch_size=50, rank=rank, world_size=2, **options)
+        dataset.set_epoch(epoch)
+        dataset.set_rows_per_consumer(dataset.even_rows(0)[0])
+        delivered.update(int(i) for batch in dataset for i in batch["id"])
+    return delivered
+
+
+def test_rows_left_out_for_even_batches_follow_the_shuffle_and_stay_in_stored_order(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    sizes = [900, 300, 600, 200]
+    spec = make_table(sizes, columns=["id"], filter=KEEP)
+    kept = set(kept_ids(sizes))
+    # In stored order every epoch leaves out the same rows.
+    stored = [kept - even_epoch_ids(spec, epoch) for epoch in range(2)]
+    assert stored[0] and stored[0] == stored[1]
+    # Shuffled, each epoch leaves out others, and a few epochs read every row.
+    shuffled = [kept - even_epoch_ids(spec, epoch, shuffle=True, seed=3) for epoch in range(4)]
+    assert all(shuffled) and len({frozenset(left) for left in shuffled}) == 4
+    assert set.intersection(*shuffled) == set()

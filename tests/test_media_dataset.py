@@ -105,6 +105,21 @@ def test_skipped_rows_are_counted_in_the_state_and_survive_a_resume(images: Tabl
     assert [first["id"].tolist(), second["id"].tolist(), *rest] == whole
 
 
+def test_skipped_rows_read_the_same_in_the_main_process_whatever_the_worker_count(tmp_path: Path) -> None:
+    dataset = TableDataset(with_media(binary_table(tmp_path / "t", "parquet"), "skip"), batch_size=2)
+    in_process = [row for batch in dataset for row in batch["id"].tolist()]
+    assert dataset.skipped == len(BROKEN)
+    loader = dataset.loader(num_workers=2)
+    through_workers = [row for batch in loader for row in batch["id"].tolist()]
+    assert sorted(through_workers) == in_process
+    assert dataset.skipped == len(BROKEN)
+    # A new epoch counts again from nothing.
+    dataset.set_epoch(1)
+    assert dataset.skipped == 0
+    assert len([row for batch in loader for row in batch["id"].tolist()]) == ROWS - len(BROKEN)
+    assert dataset.skipped == len(BROKEN)
+
+
 def test_ingested_class_names_survive_a_spiral_table(tmp_path: Path) -> None:
     for label, name in enumerate(["cat", "dog"]):
         (tmp_path / "src" / name).mkdir(parents=True)

@@ -222,6 +222,16 @@ def test_blocks_cross_documents_and_documents_cross_blocks(tmp_path: Path) -> No
     assert dataset.tokens(0) == [19] and len(dataset) == 4 and dataset.batches(0) == 2
 
 
+def test_dropped_tokens_read_the_same_in_the_main_process_through_two_workers(tmp_path: Path) -> None:
+    spec = write_uneven(tmp_path / "t", corpus([3, 0, 1, 9, 2, 5, 7]), [2, 3, 2])
+    dataset = PackedDataset(spec, column="tokens", length=4, batch_size=2, separator=SEPARATOR)
+    # Each worker drops its stream's tail shorter than a block.
+    expected = sum(tokens % 4 for tokens in dataset.tokens(2))
+    assert expected > 0
+    list(dataset.loader(num_workers=2))
+    assert dataset.dropped == expected
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_counts_are_the_blocks_each_consumer_yields(tmp_path: Path, backend: str) -> None:
     lengths = [7, 0, 30, 1, 12, 5, 9, 2, 40, 3] * 3

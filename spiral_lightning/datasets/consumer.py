@@ -36,6 +36,14 @@ from spiral_lightning.sources import Reader, Source, open_source
 #: Read batches read ahead of a consumer by default.
 DEFAULT_READ_AHEAD = 2
 
+#: The counters a consumer keeps (see ``Consumer.tally``): rows skipped for media that do not
+#: decode, and tokens a packed stream's tail dropped.
+SKIPPED, DROPPED = 0, 1
+
+#: DataLoader workers of a rank whose counters are kept apart: worker ``k`` counts in slot
+#: ``1 + k % TALLY_WORKERS`` of the shared counters, the main process in slot 0.
+TALLY_WORKERS = 255
+
 
 def check_read_ahead(read_ahead: int) -> None:
     """``ValueError`` unless ``read_ahead`` is a read-ahead depth: a non-negative int."""
@@ -106,6 +114,9 @@ class Consumer:
         # after the workers started still reach them.
         self._settings = torch.tensor([0, -1], dtype=torch.int64)
         self._share_settings = True
+        # Each consumer's counters, in shared memory like the settings, so that the main process
+        # reads what its DataLoader workers counted.
+        self._tallies = torch.zeros((1 + TALLY_WORKERS, 2), dtype=torch.int64)
         self._remainder: Plan | None = None
         self._remainder_epoch = 0
         self._lineage: Lineage | None = None
@@ -126,11 +137,31 @@ class Consumer:
         """Read ``epoch``'s work lists from now on (epoch-dependent policies change order)."""
         check_count("epoch", epoch)
         if epoch != self.epoch:
+            if get_worker_info() is None:
+                # The counters are the epoch's; a worker (a Mixture's table changing pass) keeps
+                # the others'.
+                self._tallies.zero_()
             self._on_new_epoch()
         self._settings[0] = epoch
 
     def _on_new_epoch(self) -> None:
         """What a kind forgets when its epoch changes (its position); nothing here."""
+
+    def tally(self, counter: int) -> int:
+        """Counter ``counter`` (``SKIPPED`` or ``DROPPED``) in this epoch: in a DataLoader worker,
+        its own; in the main process, the sum over it and every worker of this rank, so it reads
+        the same whatever the worker count."""
+        if get_worker_info() is not None:
+            return self.own_tally(counter)
+        return int(self._tallies[:, counter].sum())
+
+    def own_tally(self, counter: int) -> int:
+        """Counter ``counter`` of this process's consumer alone, which its state records."""
+        return int(self._tallies[_tally_slot(), counter])
+
+    def set_tally(self, counter: int, value: int) -> None:
+        """Set this process's consumer's counter ``counter`` to ``value``."""
+        self._tallies[_tally_slot(), counter] = value
 
     def set_rows_per_consumer(self, rows: int | None) -> None:
         """Stop every consumer after ``rows`` rows from now on (no quota when ``None``)."""
@@ -184,6 +215,8 @@ class Consumer:
             self._settings.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         else:
             state["_settings"] = self._settings.tolist()
+        # Every worker counts in its own slot, so the counters are shared even when the settings are not.
+        self._tallies.share_memory_()  # type: ignore[no-untyped-call]
         state["_source"] = None
         state["_source_pid"] = None
         state["_ahead"] = None
@@ -313,7 +346,17 @@ class Consumer:
         if self._owner_pid is not None and get_worker_info() is not None:
             watch(self._owner_pid)
         shard = self.shard()
-        if shard.workers == 1 and get_worker_info() is None:
+        # A pass in the main process replaces the workers' counts of the epoch, and theirs its.
+        if get_worker_info() is None:
+            self._tallies[1:] = 0
             self.check_shares(0)
+        else:
+            self._tallies[0] = 0
         items = self.work(shard)
         return shard, items, fingerprint(items)
+
+
+def _tally_slot() -> int:
+    """The slot of the shared counters this process's consumer counts in."""
+    info = get_worker_info()
+    return 0 if info is None else 1 + info.id % TALLY_WORKERS

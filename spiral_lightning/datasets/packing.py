@@ -15,7 +15,7 @@ from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_saved
-from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, DROPPED
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.lists import every_shard
 from spiral_lightning.reading.frames import Last, start_of
@@ -43,7 +43,7 @@ class PackedDataset(TableDataset):
     A batch is ``{column: int64 [batch_size, length], "positions": int64 [batch_size, length]}``;
     other columns are not read. ``separator`` (a token id) follows each non-empty document when
     given. Every token of a consumer's documents is delivered once, in order, except its tail
-    shorter than one block, which is dropped: ``dropped`` holds its tokens once the consumer's
+    shorter than one block, which is dropped: ``dropped`` counts its tokens once the consumer's
     pass ends, and ``tokens`` counts each consumer's stream ahead.
 
     It is a ``TableDataset`` whose rows are blocks: consumers, ``policy``, ranks, ``read_ahead``,
@@ -113,7 +113,6 @@ class PackedDataset(TableDataset):
             )
         self.packing = packing
         self.batch_size: int = batch_size
-        self.dropped = 0
         self._next: After | None = None
         self._blocks = 0
         self._packed_work: str | None = None
@@ -125,7 +124,6 @@ class PackedDataset(TableDataset):
         self._next = None
         self._blocks = 0
         self._packed_work = None
-        self.dropped = 0
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
         """Refused: see the class."""
@@ -134,6 +132,12 @@ class PackedDataset(TableDataset):
             "re-plan shares stored rows, and the documents a consumer had partly delivered would be delivered "
             "again; resume with the saved topology, or start the epoch afresh"
         )
+
+    @property
+    def dropped(self) -> int:
+        """The tokens of this epoch's stream tails shorter than a block: a DataLoader worker's own,
+        or in the main process those of every consumer of this rank, whatever the worker count."""
+        return self.tally(DROPPED)
 
     def tokens(self, workers: int) -> list[int]:
         """The stream tokens (separators included) of each consumer of this rank in this epoch
@@ -265,7 +269,7 @@ class PackedDataset(TableDataset):
         self._packed_work = work
         self._next = partial(PackPosition, *position)
         self._blocks = delivered
-        self.dropped = 0
+        self.set_tally(DROPPED, 0)
         quota = self.rows_per_consumer
         table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
         blocks = read_blocks(
@@ -289,7 +293,7 @@ class PackedDataset(TableDataset):
 
     def _tallied(self, blocks: Generator[tuple[Blocks, After], None, int]) -> Iterator[tuple[Blocks, After]]:
         """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""
-        self.dropped = yield from blocks
+        self.set_tally(DROPPED, (yield from blocks))
 
 
 def _token_spec(spec: TableSpec, column: str) -> TableSpec:

@@ -18,7 +18,7 @@ from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, f
 from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.state import Cursor, State
-from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.lineage import Lineage
@@ -127,7 +127,6 @@ class TableDataset(Consumer, IterableDataset[Any]):
         self._cursor: Cursor | None = None
         self._work: str | None = None
         self._delivered = 0
-        self.skipped = 0
         self._counts: dict[str, int] = {}
         self._unit_rows: dict[str, np.ndarray] = {}
         self._rows_of: tuple[Plan, str, int, int, np.ndarray] | None = None
@@ -144,13 +143,17 @@ class TableDataset(Consumer, IterableDataset[Any]):
         return state
 
     def _on_new_epoch(self) -> None:
-        # A position belongs to its epoch: the new one starts with nothing delivered. A re-planned
-        # remainder stays, for its epoch only (see replanned): a Mixture moves a table's epoch
-        # from pass to pass and may iterate the re-planned pass again.
+        # A position belongs to its epoch. A re-planned remainder stays for its epoch (replanned):
+        # a Mixture moves a table from pass to pass and may iterate the re-planned pass again.
         self._cursor = None
         self._work = None
         self._delivered = 0
-        self.skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        """The rows of this epoch dropped by ``on_error="skip"``: a DataLoader worker's own, or in
+        the main process those of every consumer of this rank, whatever the worker count."""
+        return self.tally(SKIPPED)
 
     def _check_quota(self, rows: int) -> None:
         if self.last == "require_full" and self.batch_size is not None and rows % self.batch_size:
@@ -161,10 +164,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
 
     def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as
-        they are (``batch_size=None``; a DataLoader ``batch_size`` would stack them into
-        ``[batch_size, rows, ...]`` tensors), ``num_workers`` workers started by ``forkserver``,
-        persistent and sending batches by shared-memory name, and ``len`` in batches. ``options``
-        go to the loader and override these (``persistent_workers=False``, ``pin_memory=True``)."""
+        they are (``batch_size=None``), ``num_workers`` persistent workers started by
+        ``forkserver``, ``len`` in batches; ``options`` override these (``pin_memory=True``)."""
         self.check_shares(num_workers)
         loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options, self))
         return loader
@@ -331,7 +332,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
             cursor=self._cursor,
             rows_per_consumer=self.rows_per_consumer,
             delivered=self._delivered,
-            skipped=self.skipped,
+            skipped=self.own_tally(SKIPPED),
             remainder=self.lineage_digest(),
         )
 
@@ -365,7 +366,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         self._work = work
         self._cursor = cursor
         self._delivered = delivered
-        self.skipped = skipped
+        self.set_tally(SKIPPED, skipped)
         frames = self._frames(self.reader(), items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
@@ -431,7 +432,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         from spiral_lightning.media.decode import project
 
         projected = project(batch, media, where, on_error=self.spec.on_error)
-        self.skipped += len(projected.skipped)
+        self.set_tally(SKIPPED, self.own_tally(SKIPPED) + len(projected.skipped))
         return projected.batch
 
 
