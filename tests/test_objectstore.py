@@ -23,7 +23,15 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from spiral_lightning import SpiralDataModule, TableDataset, TableMapDataset, TableSpec, write_table
+from spiral_lightning import (
+    SpiralDataModule,
+    TableDataset,
+    TableMapDataset,
+    TableSpec,
+    WindowDataset,
+    Windows,
+    write_table,
+)
 from spiral_lightning.core.plan import fingerprint
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.demos.data import demo_data
@@ -81,6 +89,16 @@ def proxy_to(server: S3Server) -> LatencyProxy:
 
 def ids(batches: Any) -> list[int]:
     return [int(i) for batch in batches for i in batch["id"]]
+
+
+def test_every_kind_takes_the_uri_and_storage_options_without_a_spec(s3_server: S3Server) -> None:
+    uri, store = uneven(s3_server), options(s3_server)
+    everything = list(range(TOTAL))
+    assert sorted(ids(TableDataset(uri, batch_size=500, storage_options=store))) == everything
+    windows = WindowDataset(uri, windows=Windows(1), batch_size=500, storage_options=store, columns=["id"])
+    assert sorted(int(i) for batch in windows for i in batch["id"][:, 0]) == everything
+    rows = TableMapDataset(uri, storage_options=store, columns=["id"])
+    assert len(rows) == TOTAL and int(rows[TOTAL - 1]["id"]) == TOTAL - 1
 
 
 @pytest.mark.slow

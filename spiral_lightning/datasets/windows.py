@@ -232,13 +232,13 @@ class WindowDataset(IterableDataset[Any]):
         batch = next(iter(frames.loader(num_workers=2)))
         batch["image"]  # [16, 8, ...]: 16 windows of 8 consecutive frames, never across episodes
 
-    Consumers, ``policy``, ranks, ``read_ahead``, ``columns``, ``filter`` and the pinned version
-    work as in ``TableDataset``, but the default policy is ``stripe``, whose work items are whole
-    splits: ``balanced`` and ``Shuffled`` cut splits, and a window never crosses a cut. ``collate``
-    turns each batch's rows into columns (tensors by default) and each column is then grouped by
-    window into ``[batch_size, size, ...]`` (lists of lists for columns that stay lists); with
-    ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides the windows
-    after the consumer's last full batch.
+    Consumers, ``policy``, ranks, ``read_ahead``, ``storage_options``, ``columns``, ``filter`` and
+    the pinned version work as in ``TableDataset``, but the default policy is ``stripe``, whose work
+    items are whole splits: ``balanced`` and ``Shuffled`` cut splits, and a window never crosses a
+    cut. ``collate`` turns each batch's rows into columns (tensors by default) and each column is
+    then grouped by window into ``[batch_size, size, ...]`` (lists of lists for columns that stay
+    lists); with ``collate=None`` a batch is the Arrow rows, window after window. ``last`` decides
+    the windows after the consumer's last full batch.
 
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is
     a ``TableDataset`` state whose cursor is the anchor of the next window, plus the lead and the
@@ -258,6 +258,7 @@ class WindowDataset(IterableDataset[Any]):
         world_size: int | None = None,
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        storage_options: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         filter: Any = None,
     ) -> None:
@@ -266,7 +267,7 @@ class WindowDataset(IterableDataset[Any]):
         check_positive("batch_size", batch_size)
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
-        table_spec = with_selection(as_spec(spec), columns, filter)
+        table_spec = with_selection(as_spec(spec, storage_options), columns, filter)
         if table_spec.media:
             raise ValueError("WindowDataset does not decode media projections; window a table of decoded columns")
         group_by = windows.group_by
