@@ -5,10 +5,11 @@ from __future__ import annotations
 import io
 import multiprocessing
 import pickle
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from types import BuiltinFunctionType, FunctionType
+from types import BuiltinFunctionType, FunctionType, ModuleType
 from typing import Any, Protocol
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -37,19 +38,35 @@ def without_set_vital_warning() -> Iterator[None]:
         yield
 
 
-#: What the forkserver imports before it forks a worker (see ``warm_forkserver``): the main
-#: script (as Python's own default does: every worker imports it again otherwise), torch, pyarrow
-#: and the table reader.
-_PRELOAD = ["__main__", "torch", "pyarrow", "spiral_lightning.datasets.table"]
+#: What the forkserver imports before it forks a worker (see ``warm_forkserver``): torch, pyarrow
+#: and the table reader, then what the main script imports.
+_PRELOAD = ["torch", "pyarrow", "spiral_lightning.datasets.table"]
 
 
 def warm_forkserver(*modules: str) -> None:
-    """Have the forkserver import the main script, torch, pyarrow, the table reader and
-    ``modules`` (added to those asked for before) once, so each worker forks from it in
-    milliseconds instead of importing them again. The server only imports; it never opens a
-    table, so its children may. A server already running keeps what it imported."""
-    _PRELOAD.extend(module for module in modules if module not in _PRELOAD)
+    """Have the forkserver import torch, pyarrow, the table reader, the modules the main script
+    imports (``main_imports``) and ``modules`` (added to those asked for before) once, so each
+    worker forks from it in milliseconds instead of importing them again. Every worker runs the
+    main script again, as Python's forkserver does to find its functions, and then finds its
+    imports done: a script that imports Lightning would otherwise cost each worker seconds
+    (Python 3.11's ``"__main__"`` preload never reaches the server: it asks for a ``main_path``
+    its own preparation data does not hold). The server only imports; it never opens a table, so
+    its children may. A server already running keeps what it imported."""
+    wanted = [*main_imports(), *modules]
+    _PRELOAD.extend(module for module in dict.fromkeys(wanted) if module not in _PRELOAD)
     multiprocessing.set_forkserver_preload(list(_PRELOAD))
+
+
+def main_imports() -> list[str]:
+    """The modules the main script's names come from: those it imported, and those of its
+    classes and functions, in the order it holds them."""
+    main = sys.modules.get("__main__")
+    found: dict[str, None] = {}
+    for value in vars(main).values() if main is not None else ():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str) and name not in ("__main__", "__mp_main__", "builtins"):
+            found[name] = None
+    return list(found)
 
 
 def warm_for(dataset: Any) -> None:
