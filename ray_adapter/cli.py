@@ -12,6 +12,7 @@ latest one, each rank at its own position.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 from ray.train.torch import TorchTrainer
 
+from spiral_lightning.core.secrets import masked_config
 from spiral_lightning.lightning.cli import import_from_working_directory
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 
@@ -57,6 +59,23 @@ class RayRun:
     name: str = "experiment"
     checkpoint_every_n_steps: int = 0
     max_failures: int = 0
+
+
+class Sealed:
+    """The experiment's YAML on its way to the workers: whole when pickled, masked when shown.
+
+    Ray Train records a run's ``train_loop_config`` as text (its dashboard, state API and exported
+    run events), so a key given as ``--data.storage_options '{...}'`` would be shown there; this
+    shows the YAML with every secret ``***`` (``core.secrets.masked_config``)."""
+
+    def __init__(self, text: str, settings: Namespace) -> None:
+        self.text = text
+        self.shown = json.dumps(masked_config(settings.as_dict()), default=str)
+
+    def __str__(self) -> str:
+        return self.shown
+
+    __repr__ = __str__
 
 
 def parser() -> ArgumentParser:
@@ -98,7 +117,8 @@ def fit_worker(config: dict[str, Any]) -> None:
         # A local Ray's workers start elsewhere; relative paths in the YAML mean the launch folder.
         os.chdir(config["cwd"])
     parse = parser()
-    settings = parse.parse_string(config["yaml"])
+    sealed = config["yaml"]
+    settings = parse.parse_string(sealed.text if isinstance(sealed, Sealed) else sealed)
     built = parse.instantiate_classes(settings)
     run: RayRun = built.ray
     callbacks: list[Callback] = [RayTrainReportCallback()]
@@ -135,7 +155,7 @@ def run_experiment(settings: Namespace, yaml: str) -> ray.train.Result:
             ray.init(address=run.address)
     trainer = TorchTrainer(
         fit_worker,
-        train_loop_config={"yaml": yaml, "cwd": os.getcwd() if local else None},
+        train_loop_config={"yaml": Sealed(yaml, settings), "cwd": os.getcwd() if local else None},
         scaling_config=ScalingConfig(
             num_workers=run.num_workers, use_gpu=run.use_gpu, resources_per_worker={"CPU": run.cpus_per_worker}
         ),

@@ -20,11 +20,12 @@ import torch
 import torch.distributed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from spiral_lightning.core.integrity import damaged, dataset_states, intact, sealed
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
-from spiral_lightning.datasets.loader import loader_options, without_set_vital_warning
+from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
@@ -110,7 +111,7 @@ def train_loader(
         read_threads=read_threads,
     )
     dataset.check_shares(num_workers)
-    loader_class = _EvenLoader if even_batches and world_size > 1 else StatefulDataLoader
+    loader_class = _EvenLoader if even_batches and world_size > 1 else Loader
     options: dict[str, Any] = {"pin_memory": pin_memory}
     if num_workers:
         options["multiprocessing_context"] = multiprocessing_context
@@ -123,7 +124,7 @@ def train_loader(
     return loader
 
 
-class _EvenLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+class _EvenLoader(Loader):
     """A loader that gives its dataset the even quota of the epoch it is about to read."""
 
     def __init__(self, dataset: TableDataset, **options: Any) -> None:
@@ -163,7 +164,7 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
         # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
         state["lineage"] = lineage
     path = Path(folder) / state_file(dataset.rank)
-    torch.save(state, path)
+    torch.save(sealed(state), path)
     return path
 
 
@@ -223,6 +224,20 @@ def _check(
 ) -> None:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
+    missing = sorted({"version", "rank", "world_size", "num_workers", "batch_size", "epoch", "loader"} - state.keys())
+    where = f"rank {state.get('rank')!r} in {str(path)!r}"
+    try:
+        if missing:
+            raise ValueError(f"the loader state of {where} lacks the fields {missing}")
+        consumers = dataset_states(state["loader"], where)
+    except ValueError as error:
+        if not intact(state):
+            raise damaged("Ray loader", where, str(error)) from error
+        raise
+    # A dataset state that no longer matches its own digest is refused by the dataset's
+    # load_state_dict before any row, naming the field it can.
+    if not intact(state) and all(intact(consumer) for consumer in consumers):
+        raise damaged("Ray loader", where)
     now: dict[str, Any] = {"version": dataset.spec.version, "batch_size": dataset.batch_size}
     if topology:
         now |= {"world_size": dataset.world_size, "num_workers": num_workers}

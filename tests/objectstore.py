@@ -479,3 +479,313 @@ class LatencyProxy:
             await sender
         finally:
             sender.cancel()
+
+
+class _Fault:
+    """One planned fault of a ``FaultProxy``: what it does, to which requests, and for how many or
+    until when."""
+
+    def __init__(self, kind: str, count: int | None, until: float | None, methods: frozenset[str], **details: Any):
+        self.kind = kind
+        self.count = count
+        self.until = until
+        self.methods = methods
+        self.details = details
+
+    def takes(self, method: str, ranged: bool, now: float) -> bool:
+        if method not in self.methods or (self.kind in ("short", "truncate", "flip") and not ranged):
+            return False
+        if self.until is not None:
+            return now < self.until
+        assert self.count is not None
+        if self.count <= 0:
+            return False
+        self.count -= 1
+        return True
+
+
+class FaultProxy:
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of an S3 server that injects the faults a store and its
+    network produce, on command, while forwarding everything else unchanged.
+
+    - ``down(seconds)``: the endpoint is gone: the listener closes (new connections are refused) and every
+      open connection is reset; it listens again on the same port after ``seconds``.
+    - ``stall(seconds)``: requests are received but nothing is forwarded or answered until then (timeouts).
+    - ``fail(status, count=..., seconds=...)``: answer requests with ``status`` (503 SlowDown by default)
+      without forwarding them, the next ``count`` ones or all for ``seconds``.
+    - ``reset(count=..., seconds=...)``: reset the connection instead of answering.
+    - ``short(missing, count=...)``: answer a ranged GET with ``missing`` bytes fewer than asked, headers
+      (Content-Length, Content-Range) consistent with the shorter body, as a misbehaving store or proxy may.
+    - ``truncate(count=...)``: send a ranged GET's headers and half its body, then reset.
+    - ``flip(count=...)``: flip the bits of the middle byte of a ranged GET's body.
+
+    Faults apply to GET requests unless ``methods`` says otherwise. ``requests`` counts requests by method,
+    ``faults`` the faults injected by kind. Whole bodies pass through memory: for tests, not for benchmarks.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = 0
+        self._lock = threading.Lock()
+        self._requests: collections.Counter[str] = collections.Counter()
+        self._faults: collections.Counter[str] = collections.Counter()
+        self._plan: list[_Fault] = []
+        self._stalled_until = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._transports: set[asyncio.BaseTransport] = set()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def requests(self) -> collections.Counter[str]:
+        with self._lock:
+            return collections.Counter(self._requests)
+
+    @property
+    def faults(self) -> collections.Counter[str]:
+        with self._lock:
+            return collections.Counter(self._faults)
+
+    def start(self) -> Self:
+        if self._loop is not None:
+            raise RuntimeError("the proxy is already started")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
+        self._thread.start()
+        self._call(self._listen())
+        return self
+
+    def stop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+        loop.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def down(self, seconds: float) -> None:
+        """Refuse connections and reset open ones for ``seconds``, from now; returns at once."""
+        with self._lock:
+            self._faults["down"] += 1
+        self._call(self._go_down(seconds))
+
+    def stall(self, seconds: float) -> None:
+        """Forward and answer nothing for ``seconds`` from now; returns at once."""
+        with self._lock:
+            self._stalled_until = time.monotonic() + seconds
+            self._faults["stall"] += 1
+
+    def fail(self, status: int = 503, *, count: int | None = None, seconds: float | None = None, **scope: Any) -> None:
+        self._add("status", count, seconds, status=status, **scope)
+
+    def reset(self, *, count: int | None = None, seconds: float | None = None, **scope: Any) -> None:
+        self._add("reset", count, seconds, **scope)
+
+    def short(self, missing: int = 1, *, count: int | None = None, seconds: float | None = None, **scope: Any) -> None:
+        self._add("short", count, seconds, missing=missing, **scope)
+
+    def truncate(self, *, count: int | None = None, seconds: float | None = None, **scope: Any) -> None:
+        self._add("truncate", count, seconds, **scope)
+
+    def flip(self, *, count: int | None = None, seconds: float | None = None, **scope: Any) -> None:
+        """Flip every bit of the middle byte of a ranged GET's body (damage in transit)."""
+        self._add("flip", count, seconds, **scope)
+
+    def clear(self) -> None:
+        """Drops every planned fault."""
+        with self._lock:
+            self._plan.clear()
+            self._stalled_until = 0.0
+
+    def _add(self, kind: str, count: int | None, seconds: float | None, **details: Any) -> None:
+        if (count is None) == (seconds is None):
+            raise ValueError("give a fault a count or seconds")
+        methods = frozenset(details.pop("methods", ("GET",)))
+        until = None if seconds is None else time.monotonic() + seconds
+        with self._lock:
+            self._plan.append(_Fault(kind, count, until, methods, **details))
+
+    def _take(self, method: str, ranged: bool) -> _Fault | None:
+        now = time.monotonic()
+        with self._lock:
+            self._requests[method] += 1
+            for fault in self._plan:
+                if fault.takes(method, ranged, now):
+                    self._faults[fault.kind] += 1
+                    return fault
+        return None
+
+    def _call(self, coroutine: Any) -> Any:
+        assert self._loop is not None, "the proxy is not started"
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._handle, HOST, self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _go_down(self, seconds: float) -> None:
+        assert self._server is not None
+        self._server.close()
+        for transport in list(self._transports):
+            transport.abort()
+        self._transports.clear()
+        await self._server.wait_closed()
+
+        async def back() -> None:
+            await asyncio.sleep(seconds)
+            await self._listen()
+
+        asyncio.get_running_loop().create_task(back())
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for transport in list(self._transports):
+            transport.abort()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _flowing(self) -> None:
+        while (wait := self._stalled_until - time.monotonic()) > 0:
+            await asyncio.sleep(min(wait, 0.05))
+
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self._transports.add(client_writer.transport)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                try:
+                    head = await client_reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                method, headers = _head(head)
+                if "100-continue" in headers.get("expect", "").lower():
+                    client_writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    head = b"".join(line for line in head.splitlines(True) if not line.lower().startswith(b"expect:"))
+                body = await _body(client_reader, headers, method, None)
+                fault = self._take(method, "range" in headers)
+                await self._flowing()
+                if fault is not None and fault.kind == "reset":
+                    client_writer.transport.abort()
+                    return
+                if fault is not None and fault.kind == "status":
+                    client_writer.write(_status_response(fault.details["status"], method))
+                    await client_writer.drain()
+                    continue
+                for fresh in (upstream is None, True):
+                    if fresh:
+                        if upstream is not None:
+                            upstream[1].transport.abort()
+                        upstream = await asyncio.open_connection(self.target_host, self.target_port)
+                        self._transports.add(upstream[1].transport)
+                    assert upstream is not None
+                    try:
+                        upstream[1].write(head + body)
+                        await upstream[1].drain()
+                        response = await upstream[0].readuntil(b"\r\n\r\n")
+                        break
+                    except (OSError, asyncio.IncompleteReadError):
+                        # The server closed an idle connection: once more on a new one.
+                        if fresh:
+                            raise
+                status, response_headers = _status(response)
+                response_body = await _body(upstream[0], response_headers, method, status)
+                await self._flowing()
+                if fault is not None and fault.kind == "flip" and response_body:
+                    flipped = bytearray(response_body)
+                    flipped[len(flipped) // 2] ^= 0xFF
+                    response_body = bytes(flipped)
+                if fault is not None and fault.kind == "short" and status == 206:
+                    response, response_body = _shortened(response, response_body, fault.details["missing"])
+                if fault is not None and fault.kind == "truncate":
+                    client_writer.write(response + response_body[: len(response_body) // 2])
+                    await client_writer.drain()
+                    client_writer.transport.abort()
+                    return
+                client_writer.write(response + response_body)
+                await client_writer.drain()
+                if "close" in response_headers.get("connection", "").lower():
+                    return
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            client_writer.transport.abort()
+        finally:
+            self._transports.discard(client_writer.transport)
+            client_writer.transport.abort()
+            if upstream is not None:
+                self._transports.discard(upstream[1].transport)
+                upstream[1].transport.abort()
+
+
+def _head(head: bytes) -> tuple[str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {
+        key.strip().lower(): value.strip() for key, _, value in (line.partition(":") for line in lines[1:] if line)
+    }
+    return lines[0].split(" ", 1)[0], headers
+
+
+def _status(head: bytes) -> tuple[int, dict[str, str]]:
+    return int(head.split(b" ", 2)[1]), _head(head)[1]
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str], method: str, status: int | None) -> bytes:
+    """The raw body after a request's head (``status`` None) or a response's: by Content-Length, as
+    chunks (kept as sent) or, for a response with neither, to the end of the stream."""
+    if status is not None and (method == "HEAD" or status in (204, 304) or status < 200):
+        return b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raw = bytearray()
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            raw += line
+            if int(line.split(b";", 1)[0], 16) == 0:
+                while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                    raw += trailer
+                return bytes(raw + b"\r\n")
+            raw += await reader.readexactly(int(line.split(b";", 1)[0], 16) + 2)
+    if "content-length" in headers:
+        return await reader.readexactly(int(headers["content-length"]))
+    return b"" if status is None else await reader.read()
+
+
+def _status_response(status: int, method: str) -> bytes:
+    reason = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+    code = {503: "SlowDown", 500: "InternalError"}.get(status, "ServiceUnavailable")
+    body = b"" if method == "HEAD" else f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+    return (
+        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def _shortened(head: bytes, body: bytes, missing: int) -> tuple[bytes, bytes]:
+    """A 206 response ``missing`` bytes shorter, its Content-Length and Content-Range saying so."""
+    body = body[: max(0, len(body) - missing)]
+    lines = []
+    for line in head.decode("latin-1").split("\r\n"):
+        key = line.partition(":")[0].strip().lower()
+        if key == "content-length":
+            line = f"Content-Length: {len(body)}"
+        elif key == "content-range":
+            start = int(line.split("bytes", 1)[1].strip().split("-", 1)[0])
+            total = line.rsplit("/", 1)[1]
+            line = f"Content-Range: bytes {start}-{start + len(body) - 1}/{total}"
+        lines.append(line)
+    return "\r\n".join(lines).encode("latin-1"), body

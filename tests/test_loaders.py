@@ -131,8 +131,9 @@ def test_the_forkserver_imports_what_a_worker_unpickles(make_table: Callable[...
     assert referenced_modules(lambda batch: batch) == []
     loader = dataset.loader(num_workers=1)
     preload = multiprocessing.forkserver._forkserver._preload_modules  # type: ignore[attr-defined]
-    # The main script first (each worker imports it again otherwise), then what the dataset names.
-    assert preload[0] == "__main__" and "tests.test_loaders" in preload
+    # torch, pyarrow and the reader first, then what the main script and the dataset name.
+    assert preload[:3] == ["torch", "pyarrow", "spiral_lightning.datasets.table"]
+    assert "__main__" not in preload and "tests.test_loaders" in preload
     assert sorted(ids(loader)) == list(range(10))
 
 

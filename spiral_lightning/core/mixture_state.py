@@ -4,9 +4,10 @@ the state is valid for."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from spiral_lightning.core import integrity
 from spiral_lightning.core.checks import is_count
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.state import check_saved
@@ -59,6 +60,8 @@ class MixtureState:
     tables: tuple[Progress, ...]
     states: tuple[dict[str, Any] | None, ...]
     remainder: str | None = None
+    #: Whether the dictionary ``from_dict`` read still matched its digest (or had none).
+    intact: bool = field(default=True, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a state survives ``torch.save`` and JSON alike; the lineage's
@@ -78,12 +81,30 @@ class MixtureState:
         }
         if self.remainder is not None:
             data["remainder"] = self.remainder
-        return data
+        return integrity.sealed(data)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MixtureState:
+    def from_dict(cls, data: Mapping[str, Any], *, check_digest: bool = True) -> MixtureState:
         """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
-        field when ``data`` is not one."""
+        field when ``data`` is not one, ``ValueError`` when it no longer matches its digest
+        (``check_digest=False`` leaves that to the caller: ``check_intact``)."""
+        try:
+            state = cls._parsed(data)
+        except (TypeError, KeyError, ValueError) as error:
+            if isinstance(data, Mapping) and not integrity.intact(data):
+                raise integrity.damaged("Mixture", found=str(error)) from error
+            raise
+        if check_digest:
+            state.check_intact()
+        return state
+
+    def check_intact(self) -> None:
+        """``ValueError`` when the dictionary this state was read from no longer matched its digest."""
+        if not self.intact:
+            raise integrity.damaged("Mixture", f"rank {self.shard.rank}, worker {self.shard.worker}")
+
+    @classmethod
+    def _parsed(cls, data: Mapping[str, Any]) -> MixtureState:
         check_saved(
             data, "Mixture", MIXTURE_FORMAT, ("seed", "stop", "weights", "batch_size", "shard", "epoch", "tables")
         )
@@ -130,6 +151,7 @@ class MixtureState:
             tables=tuple(progress),
             states=tuple(states),
             remainder=remainder,
+            intact=integrity.intact(data),
         )
 
     def check_matches(self, current: MixtureState, fields: tuple[str, ...] = MIXTURE_SETTINGS) -> None:
@@ -140,6 +162,8 @@ class MixtureState:
             for name in fields
             if getattr(self, name) != getattr(current, name)
         ]
+        if differ and not self.intact:
+            raise integrity.damaged("Mixture", found="; ".join(differ))
         if differ:
             raise ValueError(
                 "the Mixture state was saved under other settings ("

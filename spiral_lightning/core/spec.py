@@ -10,6 +10,7 @@ from spiral_lightning.core import storage
 from spiral_lightning.core.backends import backend
 from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.media import ON_ERROR, Image, OnError, Video
+from spiral_lightning.core.secrets import has_password, masking
 from spiral_lightning.core.sequences import Padded
 from spiral_lightning.core.storage import StorageOptions, masked
 
@@ -89,13 +90,18 @@ class TableSpec:
         if not isinstance(self.uri, str) or ":" not in self.uri:
             shown = masked(self.uri) if isinstance(self.uri, str) else self.uri
             raise ValueError(f"a table uri looks like 'spiral:<root>', 'parquet:<path>' or 'sds:<root>', not {shown!r}")
+        if has_password(self.uri):
+            raise ValueError(
+                f"{masked(self.uri)!r} carries credentials; a uri is copied into specs, logs and checkpoints, so give "
+                "them as storage_options or in the environment (spiral-sdk's own configuration for spiral://)"
+            )
         if self.scheme == "parquet":
             storage.parse(self.uri[len("parquet:") :])
         if self.storage_options is not None:
             object.__setattr__(self, "storage_options", StorageOptions(self.storage_options) or None)
         if self.scheme != "parquet" and (self.storage_options or self.cache_dir is not None):
             raise ValueError(
-                f"storage_options and cache_dir apply to Parquet tables, not {self.uri!r}: Spiral reaches its "
+                f"storage_options and cache_dir apply to Parquet tables, not {masked(self.uri)!r}: Spiral reaches its "
                 "stores through spiral-sdk's own configuration, and SDS snapshots are local folders"
             )
         if (self.cache_dir is None) != (self.cache_bytes is None):
@@ -146,13 +152,15 @@ class TableSpec:
 
     def resolve(self) -> TableSpec:
         """This spec pinned to one exact version, so every process reads the same rows."""
-        resolved: TableSpec = backend(self.uri).resolve(self)
+        with masking(self.uri):  # whatever a backend says of the uri, its secrets stay out
+            resolved: TableSpec = backend(self.uri).resolve(self)
         return resolved
 
     @property
     def version(self) -> str:
         """The exact version a resolved spec names; ``ValueError`` for an unresolved one."""
-        return backend(self.uri).version(self)
+        with masking(self.uri):
+            return backend(self.uri).version(self)
 
 
 def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = None) -> TableSpec:
@@ -164,7 +172,7 @@ def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = 
     options = StorageOptions(storage_options)
     if spec.storage_options is not None and spec.storage_options != options:
         raise ValueError(
-            f"the table {spec.uri!r} has its own storage_options {spec.storage_options!r}, not {options!r}"
+            f"the table {masked(spec.uri)!r} has its own storage_options {spec.storage_options!r}, not {options!r}"
         )
     return replace(spec, storage_options=options)
 
@@ -175,12 +183,12 @@ def with_selection(spec: TableSpec, columns: Sequence[str] | None, filter: Any) 
     if columns is not None:
         if spec.columns is not None and spec.columns != tuple(columns):
             raise ValueError(
-                f"the table {spec.uri!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
+                f"the table {masked(spec.uri)!r} selects its own columns {list(spec.columns)}, not {list(columns)}"
             )
         spec = replace(spec, columns=tuple(columns))
     if filter is not None:
         # Identity, not equality: spiral expressions overload == to build a new expression.
         if spec.filter is not None and spec.filter is not filter:
-            raise ValueError(f"the table {spec.uri!r} has its own filter {spec.filter}, not {filter}")
+            raise ValueError(f"the table {masked(spec.uri)!r} has its own filter {spec.filter}, not {filter}")
         spec = replace(spec, filter=filter)
     return spec

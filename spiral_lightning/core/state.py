@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from spiral_lightning.core import integrity
 from spiral_lightning.core.checks import is_int
+from spiral_lightning.core.integrity import damaged, sealed
 from spiral_lightning.core.plan import Shard, WorkItem
 
 #: The version of the dictionary ``State.to_dict`` writes.
@@ -56,6 +58,7 @@ class State:
     delivered: int = 0
     skipped: int = 0
     remainder: str | None = None
+    intact: bool = field(default=True, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only, so a state survives ``torch.save`` and JSON alike.
@@ -80,12 +83,36 @@ class State:
             data["skipped"] = self.skipped
         if self.remainder is not None:
             data["remainder"] = self.remainder
-        return data
+        return sealed(data)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> State:
+    def from_dict(cls, data: Mapping[str, Any], *, check_digest: bool = True) -> State:
         """The state ``to_dict`` wrote; ``ValueError``, ``TypeError`` or ``KeyError`` naming the
-        field when ``data`` is not one."""
+        field when ``data`` is not one, and ``ValueError`` when its fields do not match its digest
+        (a field it cannot read named in it). With ``check_digest=False`` a digest that does not
+        match is left to the caller, in ``intact``: a load that names the field out of range first,
+        then calls ``check_intact``."""
+        try:
+            state = cls._parsed(data)
+        except (TypeError, KeyError, ValueError) as error:
+            if isinstance(data, Mapping) and not integrity.intact(data):
+                raise damaged("TableDataset", found=str(error)) from error
+            raise
+        if check_digest:
+            state.check_intact("TableDataset")
+        return state
+
+    def where(self) -> str:
+        """The consumer this state is of, as errors name it."""
+        return f"rank {self.shard.rank}, worker {self.shard.worker}"
+
+    def check_intact(self, kind: str) -> None:
+        """``ValueError`` when the dictionary this state was read from no longer matched its digest."""
+        if not self.intact:
+            raise damaged(kind, self.where())
+
+    @classmethod
+    def _parsed(cls, data: Mapping[str, Any]) -> State:
         check_saved(
             data, "TableDataset", STATE_FORMAT, ("version", "shard", "batch_size", "epoch", "policy", "work", "cursor")
         )
@@ -103,6 +130,11 @@ class State:
             raise ValueError(f"the state's rows_per_consumer must be a non-negative int or None, not {quota!r}")
         if not is_int(delivered) or delivered < 0:
             raise ValueError(f"the state's delivered must be a non-negative int, not {delivered!r}")
+        if cursor is None and delivered:
+            raise ValueError(
+                f"the state's cursor is None, but its delivered says {delivered} rows of the epoch were delivered; "
+                "the state was edited or damaged"
+            )
         skipped = data.get("skipped", 0)
         if not is_int(skipped) or skipped < 0:
             raise ValueError(f"the state's skipped must be a non-negative int, not {skipped!r}")
@@ -130,6 +162,7 @@ class State:
             delivered=delivered,
             skipped=skipped,
             remainder=remainder,
+            intact=integrity.intact(data),
         )
 
     def check_matches(self, current: State) -> None:
@@ -144,6 +177,8 @@ class State:
             for name in fields
             if getattr(self, name) != getattr(current, name)
         ]
+        if differ and not self.intact:
+            raise damaged("TableDataset", self.where(), "; ".join(differ))
         if differ:
             raise ValueError(
                 "the TableDataset state was saved under other settings ("
@@ -154,11 +189,18 @@ class State:
 
 def check_cursor(cursor: Cursor, items: Sequence[WorkItem]) -> None:
     """``ValueError`` unless ``cursor`` points into ``items``: at a stored row of its work item,
-    or at the end of the list. A cursor elsewhere would read rows of another consumer or none."""
+    or at the end of the list, with no more output rows to skip than its item has stored rows
+    from there. A cursor elsewhere would read rows of another consumer or none."""
     if cursor.item < len(items):
         item = items[cursor.item]
-        if item.start <= cursor.row <= item.end:
+        if item.start <= cursor.row <= item.end and cursor.skip <= item.end - cursor.row:
             return
+        if item.start <= cursor.row <= item.end:
+            raise ValueError(
+                f"the state's cursor {tuple(cursor)} skips {cursor.skip} rows from stored row {cursor.row}, but its "
+                f"work item (stored rows {item.start}..{item.end} of split {item.split}) has {item.end - cursor.row} "
+                "left; the state was edited or damaged"
+            )
         where = f"stored rows {item.start}..{item.end} of split {item.split}"
     elif cursor.item == len(items) and cursor.row == 0 and cursor.skip == 0:
         return

@@ -14,6 +14,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from spiral_lightning.core.secrets import has_password, masked
+
+__all__ = ["ALIASES", "KEYS", "SECRET_KEYS", "StorageOptions", "masked", "parse", "scrub"]
+
 #: Option keys whose values are secrets: masked in every ``repr`` and scrubbed from error messages.
 SECRET_KEYS = frozenset(
     {
@@ -55,7 +59,8 @@ ALIASES = {
 }
 
 #: The keys each kind of store reads, after aliases; ``connect_timeout`` and ``timeout`` are
-#: seconds, ``allow_http`` a bool (or "true"/"false").
+#: seconds, ``allow_http`` a bool (or "true"/"false"), ``retry_seconds`` how long a read of a pinned
+#: version retries a store that fails (``sources/retry.py``).
 KEYS = {
     "s3": frozenset(
         {
@@ -67,6 +72,7 @@ KEYS = {
             "allow_http",
             "connect_timeout",
             "timeout",
+            "retry_seconds",
         }
     ),
     "gcs": frozenset(
@@ -77,6 +83,7 @@ KEYS = {
             "google_project_id",
             "google_anonymous",
             "allow_http",
+            "retry_seconds",
         }
     ),
     "azure": frozenset(
@@ -89,6 +96,7 @@ KEYS = {
             "azure_storage_tenant_id",
             "azure_endpoint",
             "allow_http",
+            "retry_seconds",
         }
     ),
     "local": frozenset[str](),
@@ -162,28 +170,20 @@ def parse(target: str) -> tuple[str, str, str | None]:
             f"unsupported storage scheme {parts.scheme!r} in {masked(target)!r}; "
             f"files are read from local paths, file://, {', '.join(sorted(s + '://' for s in _SCHEMES))}"
         )
-    if parts.password is not None or (parts.username is not None and kind != "azure"):
+    if parts.password is not None or has_password(target) or (parts.username is not None and kind != "azure"):
         raise ValueError(
             f"{masked(target)!r} carries credentials; a uri is copied into specs, logs and checkpoints, so give "
             "them as storage_options (aws_access_key_id, aws_secret_access_key, ...) or in the environment"
         )
     if parts.query or parts.fragment:
         raise ValueError(
-            f"{target!r} has a query; give store settings as storage_options "
+            f"{masked(target)!r} has a query or fragment; give store settings and credentials as storage_options "
             "(for example {'aws_endpoint': ..., 'aws_region': ...}), never in the uri"
         )
     if kind == "azure" and parts.username is not None:
         account = (parts.hostname or "").split(".", 1)[0] or None
         return kind, f"{parts.username}{parts.path}".rstrip("/"), account
     return kind, f"{parts.netloc}{parts.path}".rstrip("/"), None
-
-
-def masked(uri: str) -> str:
-    """``uri`` with any password in it replaced by ``***``, for messages."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    return uri.replace(f":{parts.password}@", ":***@", 1)
 
 
 def scrub(text: str, options: StorageOptions | None) -> str:

@@ -21,6 +21,7 @@ import torch.distributed
 from torch.utils.data import get_worker_info
 
 from spiral_lightning.core.checks import check_count, check_positive
+from spiral_lightning.core.integrity import damaged
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_cursor
@@ -28,7 +29,7 @@ from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
 from spiral_lightning.planning.lineage import Lineage, check_lineage
 from spiral_lightning.planning.lists import every_shard
-from spiral_lightning.planning.policies import as_policy, balanced, policy_name, shuffle_for
+from spiral_lightning.planning.policies import Shuffled, as_policy, balanced, policy_name, shuffle_for
 from spiral_lightning.reading.ahead import ReadAhead, default_read_threads
 from spiral_lightning.reading.watchdog import watch
 from spiral_lightning.sources import Reader, Source, open_source
@@ -207,6 +208,46 @@ class Consumer:
         assert saved.cursor is not None
         check_cursor(saved.cursor, items)
         return saved.cursor
+
+    def check_loaded(
+        self, kind: str, saved: State, items: Sequence[WorkItem], *, windows: bool, rows: bool, paired: bool = True
+    ) -> None:
+        """What ``load_state_dict`` checks before any row is read, once ``saved``'s settings match
+        this consumer's: ``ValueError`` naming the field unless its cursor points into ``items``
+        (this consumer's work list in the saved epoch, see ``check_resume``), inside a shuffle
+        window of the policy's (``windows``: the kind shuffles windows), its ``delivered`` within
+        the list's stored rows (``rows``: it counts rows), and, with ``paired`` (a kind that sets
+        its cursor and work list together), a cursor whenever it names a work list; then
+        ``ValueError`` when its fields no longer match its digest (see ``core.integrity``)."""
+        try:
+            self._check_ranges(kind, saved, items, windows=windows, rows=rows, paired=paired)
+        except ValueError as error:
+            if not saved.intact:
+                raise damaged(kind, saved.where(), str(error)) from None
+            raise ValueError(f"the {kind} state of consumer ({saved.where()}): {error}") from None
+        saved.check_intact(kind)
+
+    def _check_ranges(
+        self, kind: str, saved: State, items: Sequence[WorkItem], *, windows: bool, rows: bool, paired: bool
+    ) -> None:
+        cursor = saved.cursor
+        if cursor is None and paired and saved.work is not None:
+            raise ValueError(f"it names work list {saved.work} but its cursor is None; it was edited or damaged")
+        if cursor is None:
+            return
+        self.check_resume(kind, saved, saved.shard, fingerprint(items), items)
+        size = self.policy.buffer_rows if windows and isinstance(self.policy, Shuffled) else 0
+        if cursor.taken >= max(size, 1) or (not size and cursor.window):
+            raise ValueError(
+                f"its cursor {tuple(cursor)} is in window {cursor.window} with {cursor.taken} rows taken, but the "
+                f"policy's shuffle windows hold {size} rows; it was edited or damaged"
+            )
+        stored = sum(item.end - item.start for item in items)
+        if rows and saved.delivered > stored:
+            raise ValueError(
+                f"it says it delivered {saved.delivered} rows, but its work list holds {stored}; it was edited or "
+                "damaged"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -15,6 +15,14 @@ from typing import Any, Protocol
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count
+from spiral_lightning.core.integrity import dataset_states
+from spiral_lightning.datasets.stuck import WatchedIterator
+
+#: Seconds a loader waits for the next batch of a worker before it gives the worker up with a
+#: ``stuck.WorkerTimeout`` naming it (the DataLoader option ``timeout``; 0 waits forever). Long enough
+#: for a worker's start, a first read planned over a large table and an object store's outage
+#: ridden out by retries; short enough that a stopped or hung worker ends the run, not stalls it.
+WORKER_TIMEOUT = 300.0
 
 
 class Batched(Protocol):
@@ -98,7 +106,8 @@ def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any) -
     """The DataLoader settings a table reads right with, under ``options`` the caller gives:
     ``forkserver`` workers (a parent that opened a table cannot fork) warmed for ``dataset``
     (``warm_for``), persistent so that start-up is paid once. Batches travel by torch's default
-    sharing strategy; ``worker_init_fn=send_by_name`` is faster and less robust (see there)."""
+    sharing strategy; ``worker_init_fn=send_by_name`` is faster and less robust (see there). A
+    ``Loader`` made with them gives a silent worker up after ``timeout`` seconds."""
     check_count("num_workers", num_workers)
     settings: dict[str, Any] = {"num_workers": num_workers}
     if num_workers:
@@ -109,7 +118,34 @@ def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any) -
     return settings
 
 
-class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+    """A ``StatefulDataLoader`` that gives up a worker which sends no batch for ``timeout``
+    seconds (default ``WORKER_TIMEOUT``; 0 waits forever) with a ``stuck.WorkerTimeout`` naming
+    it: its id, process id, rank, what its process is doing and the work item it was to read.
+    Torch's own ``timeout`` names none of them, and while it waits it no longer looks every few
+    seconds for a worker that died (a killed worker would go unnoticed for the whole timeout);
+    this one still does. Without workers there is no one to wait for, and ``timeout`` is left
+    out (torch's single-process iterator refuses any other than 0)."""
+
+    next_iter_state: dict[str, Any] | None
+
+    def __init__(self, dataset: Any, **options: Any) -> None:
+        if options.get("num_workers"):
+            options.setdefault("timeout", WORKER_TIMEOUT)
+        else:
+            options.pop("timeout", None)
+        super().__init__(dataset, **options)
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        iterator = WatchedIterator(self, self.next_iter_state)
+        self.next_iter_state = None
+        return iterator
+
+
+class TableLoader(Loader):
     """The ``StatefulDataLoader`` of a ``TableDataset``, made by ``TableDataset.loader``: it hands
     on the dataset's own batches (``batch_size=None``), and ``len`` is the exact number of batches
     in the dataset's current epoch, not its rows."""
@@ -128,6 +164,11 @@ class TableLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships 
     def __len__(self) -> int:
         return self.table.batches(self.num_workers)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # torchdata passes over a missing dataset state, which would start that consumer's epoch again.
+        dataset_states(state_dict)
+        super().load_state_dict(state_dict)
+
 
 def batch_loader(dataset: Any, num_workers: int, options: Mapping[str, Any]) -> StatefulDataLoader:
     """A ``StatefulDataLoader`` that hands on ``dataset``'s own batches as they are
@@ -135,5 +176,5 @@ def batch_loader(dataset: Any, num_workers: int, options: Mapping[str, Any]) -> 
     batches but cannot count them ahead (a ``Mixture``, a ``WindowDataset``)."""
     settings = loader_options(num_workers, options, dataset)
     with without_set_vital_warning():
-        loader: StatefulDataLoader = StatefulDataLoader(dataset, batch_size=None, **settings)
+        loader: StatefulDataLoader = Loader(dataset, batch_size=None, **settings)
     return loader

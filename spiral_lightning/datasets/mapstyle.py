@@ -23,7 +23,7 @@ from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import check_read_threads
-from spiral_lightning.datasets.loader import loader_options, without_set_vital_warning
+from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning
 from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.ahead import default_read_threads
 from spiral_lightning.reading.tensors import NullError, Nulls, check_nulls, to_torch
@@ -134,7 +134,7 @@ class TableMapDataset(Dataset[Any]):
         )
         settings = loader_options(num_workers, options, self)
         with without_set_vital_warning():
-            loader: StatefulDataLoader = StatefulDataLoader(self, batch_size=batch_size, sampler=sampler, **settings)
+            loader: StatefulDataLoader = Loader(self, batch_size=batch_size, sampler=sampler, **settings)
         return loader
 
     def source(self) -> Source:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import torch
 
 from spiral_lightning.core.checks import check_count, check_positive
+from spiral_lightning.core.integrity import check_digest, damaged, intact, sealed
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_saved
@@ -221,7 +222,9 @@ class PackedDataset(TableDataset):
         else:
             position = None if self._next is None else self._next()
             table, offset = self._packed_state(self.shard(), position), 0 if position is None else position.offset
-        return {"format": PACKED_FORMAT, "table": table.to_dict(), "packing": self.packing.settings(), "offset": offset}
+        return sealed(
+            {"format": PACKED_FORMAT, "table": table.to_dict(), "packing": self.packing.settings(), "offset": offset}
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
@@ -243,18 +246,22 @@ class PackedDataset(TableDataset):
                 )
             else:
                 differ = f"saved {saved_packing!r}, now {now!r}"
+            if not intact(state):
+                raise damaged("PackedDataset", found=f"packing: {differ}")
             raise ValueError(
                 f"the PackedDataset state was saved packing another token stream ({differ}); restore it into a "
                 "dataset with the same column, length and separator"
             )
         offset = check_count("the PackedDataset state's offset", state["offset"])
-        saved = State.from_dict(state["table"])
+        saved = State.from_dict(state["table"], check_digest=False)
         if offset and saved.cursor is None:
             raise ValueError(
                 f"the PackedDataset state has token offset {offset} but no cursor; it was edited or damaged"
             )
         saved.check_matches(self._packed_state(self.shard(), None))
         self.set_epoch(saved.epoch)
+        self.check_loaded("PackedDataset", saved, self.work(), windows=False, rows=False)
+        check_digest(state, "PackedDataset", saved.where())
         self._restored = (saved, offset)
 
     def __iter__(self) -> Iterator[Any]:

@@ -256,8 +256,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         self._unit_rows[key] = counted
 
     def _ranks_grouped(self) -> bool:
-        """Whether the default ``torch.distributed`` process group is this dataset's ranks, so
-        that its ranks can share what they count."""
+        """Whether the default ``torch.distributed`` group is this dataset's ranks, to share counts."""
         if not torch.distributed.is_available() or not torch.distributed.is_initialized():
             return False
         return (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (self.rank, self.world_size)
@@ -343,15 +342,16 @@ class TableDataset(Consumer, IterableDataset[Any]):
         return self.state_of(self.shard()).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state saved by a dataset over the same version, consumer, batch size,
-        policy and quota; ``ValueError`` naming each setting that differs otherwise."""
-        saved = State.from_dict(state)
+        """Continue from a state saved over the same version, consumer, batch size, policy and
+        quota, its cursor in range and intact; ``ValueError`` naming the field otherwise."""
+        saved = State.from_dict(state, check_digest=False)
         saved.check_matches(self.state_of(self.shard()))
         self.check_lineage("TableDataset", saved)
-        self._resume = saved
         self._settings[0] = saved.epoch
         if saved.remainder is None:
             self.drop_replan()
+        self.check_loaded("TableDataset", saved, self.work(), windows=True, rows=True)
+        self._resume = saved
 
     def __iter__(self) -> Iterator[Any]:
         shard, items, work = self.begin()

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from spiral_lightning.core import integrity
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
@@ -386,31 +387,40 @@ class WindowDataset(IterableDataset[Any]):
             table, lead = self._resume
         else:
             table, lead = self._state(self.shard()), 0 if self._position is None else self._position.lead
-        return {"format": WINDOWS_FORMAT, "table": table.to_dict(), "windows": self.windows.settings(), "lead": lead}
+        return integrity.sealed(
+            {"format": WINDOWS_FORMAT, "table": table.to_dict(), "windows": self.windows.settings(), "lead": lead}
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
         policy and windows; ``ValueError`` naming what differs otherwise (another topology is
         ``load_elastic``'s)."""
-        saved, lead = self._parsed(state)
+        saved, lead = self._parsed(state, check_digest=False)
         check_same_topology("WindowDataset", saved.shard, self.shard())
         saved.check_matches(self._state(self.shard()))
         check_lineage("WindowDataset", saved, self._lineage, self._remainder_epoch)
-        self._resume = (saved, lead)
         self.table.set_epoch(saved.epoch)
+        self.table.check_loaded("WindowDataset", saved, self.work()[0], windows=False, rows=False, paired=False)
+        integrity.check_digest(state, "WindowDataset", saved.where())
+        self._resume = (saved, lead)
 
-    def _parsed(self, state: Mapping[str, Any]) -> tuple[State, int]:
+    def _parsed(self, state: Mapping[str, Any], check_digest: bool = True) -> tuple[State, int]:
         """The table state and lead of a ``state_dict``; ``ValueError``, ``TypeError`` or
-        ``KeyError`` naming the field when it is not one of these windows."""
+        ``KeyError`` naming the field when it is not one of these windows, and ``ValueError`` for
+        one edited or damaged (``check_digest=False`` leaves the digests to the caller)."""
         check_saved(state, "WindowDataset", WINDOWS_FORMAT, ("table", "windows", "lead"))
+        if check_digest:
+            integrity.check_digest(state, "WindowDataset")
         saved_windows = state["windows"]
         if saved_windows != self.windows.settings():
+            if not integrity.intact(state):
+                raise integrity.damaged("WindowDataset", found=f"windows: saved {saved_windows!r}")
             raise ValueError(
                 f"the WindowDataset state's windows: saved {saved_windows!r}, now {self.windows.settings()!r}; "
                 "restore it into a dataset with the same windows"
             )
         lead = check_count("the WindowDataset state's lead", state["lead"])
-        return State.from_dict(state["table"]), lead
+        return State.from_dict(state["table"], check_digest=check_digest), lead
 
     def __iter__(self) -> Iterator[Any]:
         source = self.table.source()

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jsonargparse import ActionSubCommands, ArgumentParser
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from spiral_lightning.core.secrets import masked_config
 from spiral_lightning.lightning.datamodule import SpiralDataModule
 from spiral_lightning.media.ingest import ingest_images, ingest_videos
 from spiral_lightning.sources.ingest_files import ingest_files
@@ -110,6 +111,18 @@ class _Parser(LightningArgumentParser):
         return subcommands
 
 
+class SaveMaskedConfig(SaveConfigCallback):
+    """Lightning's ``SaveConfigCallback`` (the run's ``config.yaml`` in its log folder), with every
+    secret masked: the value of each entry named like one (``aws_secret_access_key``,
+    ``sas_token``, ``password``; see ``core.secrets.is_secret_key``) is ``***``, and a uri's query
+    values and password too. A key given as ``--data.storage_options '{...}'`` thus never lands
+    in a file; the run itself got the real value. To rerun from the saved file, give the keys in
+    the environment (or the flag) again."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, **options: Any) -> None:
+        super().__init__(parser, masked_config(config), **options)
+
+
 def import_from_working_directory() -> None:
     """Put the working directory first on the import path, as ``python -m`` does, so that a
     config's ``class_path: mymodels.TinyCNN`` finds ``mymodels.py`` beside the user; an installed
@@ -132,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         subclass_mode_data=True,
         # A rerun of the same experiment writes its config again instead of refusing to start.
         save_config_kwargs={"overwrite": True},
+        # The saved config.yaml shows every secret as ***.
+        save_config_callback=SaveMaskedConfig,
         parser_class=_Parser,
         # Lightning reads the process's arguments itself, and warns when given them as well.
         args=None if argv is None else arguments,

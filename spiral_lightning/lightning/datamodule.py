@@ -20,7 +20,14 @@ from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
-from spiral_lightning.lightning.loader import Position, SpiralLoader, consumer_states
+from spiral_lightning.lightning.checkpoint import (
+    MISSING_POSITION,
+    CheckpointPosition,
+    check_entry,
+    consumers,
+    seal_entry,
+)
+from spiral_lightning.lightning.loader import Position, SpiralLoader
 from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
 from spiral_lightning.lightning.stall import DataStallMeter
@@ -28,9 +35,6 @@ from spiral_lightning.planning.policies import as_policy, balanced
 from spiral_lightning.reading.frames import LAST_MODES, Last
 from spiral_lightning.reading.packing import Packing
 from spiral_lightning.sources import open_source
-
-#: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
-STATE_FORMAT = 1
 
 #: The stages a DataModule serves, each read from its own table.
 Stage = Literal["train", "val", "test", "predict"]
@@ -87,6 +91,8 @@ class SpiralDataModule(pl.LightningDataModule):
             (a ``PackedDataset``); even batches count blocks; other stages read rows.
         stall_meter: Add a ``DataStallMeter`` to the Trainer when fitting: every step logs how
             long it waited for its batch, and a run that keeps waiting warns once.
+        missing_position: A fit resumed mid-epoch from a checkpoint that holds no position:
+            ``"refuse"`` (the default), or ``"restart_epoch"`` to read that epoch from its start.
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class SpiralDataModule(pl.LightningDataModule):
         transform: Callable[[Any], Any] | None = None,
         packing: Packing | None = None,
         stall_meter: bool = True,
+        missing_position: Literal["refuse", "restart_epoch"] = "refuse",
     ) -> None:
         super().__init__()
         if packing is not None and (not isinstance(packing, Packing) or access == "map"):
@@ -155,8 +162,12 @@ class SpiralDataModule(pl.LightningDataModule):
         self.even_batches = even_batches
         self.read_ahead = read_ahead
         self.read_threads = read_threads
-        if access not in ("iterable", "map"):
-            raise ValueError(f"access must be 'iterable' or 'map', not {access!r}")
+        if access not in ("iterable", "map") or missing_position not in MISSING_POSITION:
+            raise ValueError(
+                f"access must be 'iterable' or 'map' (given {access!r}) and missing_position one of "
+                f"{MISSING_POSITION} (given {missing_position!r})"
+            )
+        self.missing_position = missing_position
         self.access = access
         self.seed = seed
         self.transform = transform
@@ -225,10 +236,13 @@ class SpiralDataModule(pl.LightningDataModule):
         if stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
         trainer = self.trainer
-        if stage == "fit" and self.stall_meter and trainer is not None:
+        if stage == "fit" and trainer is not None:
             callbacks: list[pl.Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
-            if not any(isinstance(callback, DataStallMeter) for callback in callbacks):
+            if self.stall_meter and not any(isinstance(callback, DataStallMeter) for callback in callbacks):
                 callbacks.append(DataStallMeter())
+            # Finds this DataModule's position in a checkpoint whatever its class is called.
+            if not any(isinstance(callback, CheckpointPosition) for callback in callbacks):
+                callbacks.append(CheckpointPosition())
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and "train" in self.datasets:
@@ -318,7 +332,7 @@ class SpiralDataModule(pl.LightningDataModule):
             return None
         if any(position is None for position in positions):
             raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
-        dataset.load_elastic(_consumers(state), lineage=state.get("lineage"))
+        dataset.load_elastic(consumers(state), lineage=state.get("lineage"))
         rank_zero_info(
             f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
             f"num_workers={state['num_workers']}, for {dataset.world_size} ranks with num_workers={self.num_workers}"
@@ -373,7 +387,6 @@ class SpiralDataModule(pl.LightningDataModule):
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
         state = {
-            "format": STATE_FORMAT,
             "version": loader.table.spec.version,
             "world_size": world_size,
             "num_workers": self.num_workers,
@@ -383,7 +396,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if lineage is not None:
             # Once per checkpoint: the consumers' states name it by digest.
             state["lineage"] = lineage
-        return state
+        return seal_entry(state)
 
     def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
@@ -393,15 +406,8 @@ class SpiralDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the positions of a checkpoint; each rank restores its own into its train loader.
-        ``ValueError`` when they were saved under another world size, worker count or table version."""
-        if state_dict.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"unknown SpiralDataModule state format {state_dict.get('format')!r}; this version reads {STATE_FORMAT}"
-            )
-        if len(state_dict["ranks"]) != state_dict["world_size"]:
-            raise ValueError(
-                f"the checkpoint holds {len(state_dict['ranks'])} positions for {state_dict['world_size']} ranks"
-            )
+        ``ValueError`` when they were saved under another table version, or were edited or damaged."""
+        check_entry(state_dict, iterable=self.access == "iterable", rank=self._rank()[0])
         # The re-planned epoch has another length than the ones after it, which Lightning only
         # learns from a train loader made anew; the Trainer sets this attribute at run time.
         trainer: Any = self.trainer
@@ -410,6 +416,11 @@ class SpiralDataModule(pl.LightningDataModule):
         if "train" in self.datasets:
             self._check_version(state_dict, self.datasets["train"])
         self._restored = state_dict
+
+    @property
+    def position_loaded(self) -> bool:
+        """Whether a checkpoint's position was loaded and waits for the next train loader."""
+        return self._restored is not None
 
     @staticmethod
     def _check_version(state: dict[str, Any], dataset: TableDataset | TableMapDataset) -> None:
@@ -426,7 +437,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if self.access == "map":
             inside = "lineage" in state
         else:
-            inside = any("remainder" in consumer for consumer in _consumers(state))
+            inside = any("remainder" in consumer for consumer in consumers(state))
         saved = (state["world_size"], state["num_workers"])
         return needs_replan(saved, (self._rank()[1], self.num_workers), inside_replan=inside)
 
@@ -437,13 +448,3 @@ class SpiralDataModule(pl.LightningDataModule):
             raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
         if saved["position"] is not None:
             loader.restore(Position(**saved["position"]))
-
-
-def _consumers(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every consumer's dataset state in a SpiralDataModule state, rank by rank."""
-    return [
-        consumer
-        for rank in state["ranks"]
-        if rank["position"] is not None
-        for consumer in consumer_states(rank["position"]["loader"])
-    ]

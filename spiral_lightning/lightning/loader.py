@@ -12,9 +12,8 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from torchdata.stateful_dataloader import StatefulDataLoader
-
-from spiral_lightning.datasets.loader import warm_for, without_set_vital_warning
+from spiral_lightning.core.integrity import dataset_states
+from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital_warning
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.table import TableDataset
 
@@ -23,16 +22,11 @@ from spiral_lightning.datasets.table import TableDataset
 LOOP_STATE = {"spiral_lightning": "every rank's position is in the SpiralDataModule entry of this checkpoint"}
 
 
-def consumer_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+def consumer_states(loader_state: Mapping[str, Any], where: str = "") -> list[dict[str, Any]]:
     """Every consumer's ``TableDataset`` state inside a ``StatefulDataLoader`` state: the main
-    process's when the loader read without workers, else each worker's in worker order."""
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:
-        if "dataset_state" not in loader_state:
-            raise ValueError("the loader state holds no dataset state; it was not saved by a StatefulDataLoader")
-        return [loader_state["dataset_state"]]
-    workers = snapshot["_worker_snapshots"]
-    return [workers[f"worker_{worker}"]["dataset_state"] for worker in range(len(workers))]
+    process's when the loader read without workers, else each worker's in worker order;
+    ``ValueError`` naming the worker (and ``where``, such as a rank) when one is missing."""
+    return [dict(state) for state in dataset_states(loader_state, where)]
 
 
 class Position(NamedTuple):
@@ -44,7 +38,7 @@ class Position(NamedTuple):
     loader: dict[str, Any]
 
 
-class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no type hints
+class SpiralLoader(Loader):
     """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``, or with a
     ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
 
@@ -107,6 +101,11 @@ class SpiralLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships
         else:
             epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
         pending, self._pending = self._pending, None
+        if pending is not None and pending.epoch == epoch and pending.batches > self.batches and pending.loader:
+            raise ValueError(
+                f"the checkpoint's position says {pending.batches} batches of epoch {epoch} were delivered, but the "
+                f"epoch has {self.batches} on this rank; it was edited or damaged, or saved under other settings"
+            )
         if pending is not None and pending.epoch == epoch and pending.batches >= self.batches:
             epoch, pending = epoch + 1, None
         if self._prepare is not None:

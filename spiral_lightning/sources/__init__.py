@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from spiral_lightning.core.backends import backend
+from spiral_lightning.core.secrets import masking
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources.chunks import ArrowData
@@ -51,7 +52,9 @@ def open_source(spec: TableSpec) -> Source:
 def write(uri: str, data: ArrowData, split_rows: int, storage_options: StorageOptions | None = None) -> TableSpec:
     """Write ``data`` as a new table at ``uri`` (reached with ``storage_options``, which only
     Parquet reads); the spec of the version written."""
-    writes = backend(uri)
-    _claim_process()
-    spec: TableSpec = writes.write(uri, data, split_rows, storage_options)
+    # A secret in the uri's query reaches no error a backend raises while writing.
+    with masking(uri):
+        writes = backend(uri)
+        _claim_process()
+        spec: TableSpec = writes.write(uri, data, split_rows, storage_options)
     return spec

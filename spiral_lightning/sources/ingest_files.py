@@ -37,6 +37,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from spiral_lightning.core.secrets import masked
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.write import DEFAULT_SPLIT_ROWS, write_table
 
@@ -171,7 +172,7 @@ class _Open:
         self.rows = 0
         try:
             if kind == "parquet":
-                self._file = self._stack.enter_context(pq.ParquetFile(path))
+                self._file = self._stack.enter_context(pq.ParquetFile(path, page_checksum_verification=True))
                 self.schema = self._file.schema_arrow
                 self._batches: Iterator[pa.RecordBatch] = self._file.iter_batches(_PARQUET_BATCH_ROWS)
             else:
@@ -350,7 +351,7 @@ def check_destination(dest_uri: str) -> Path | None:
     ``None`` in an object store. ``write_table`` checks every destination again as it writes."""
     scheme, _, target = dest_uri.partition(":")
     if scheme not in ("spiral", "parquet"):
-        raise ValueError(f"ingest writes a 'spiral:<folder>' or 'parquet:<folder>' table, not {dest_uri!r}")
+        raise ValueError(f"ingest writes a 'spiral:<folder>' or 'parquet:<folder>' table, not {masked(dest_uri)!r}")
     folder = target.partition("?")[0] if scheme == "spiral" else target
     if not folder or folder.startswith("//") or "://" in folder:
         return None

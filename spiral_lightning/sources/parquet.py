@@ -18,6 +18,7 @@ those alone (see ``parquet_lake``).
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from spiral_lightning.core.plan import Plan, WorkItem
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources.cache import ByteCache
-from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
+from spiral_lightning.sources.damage import damaged
 from spiral_lightning.sources.parquet_fetch import (
     CHUNK_PAD,
     HOLE_BYTES,
@@ -45,7 +46,7 @@ from spiral_lightning.sources.parquet_fetch import (
     PassFiles,
     Pending,
     Span,
-    read_at,
+    read_span,
 )
 from spiral_lightning.sources.parquet_files import (
     FOOTER_THREADS,
@@ -66,7 +67,9 @@ from spiral_lightning.sources.parquet_files import (
     version,
 )
 from spiral_lightning.sources.parquet_lake import Lake, partition_root
+from spiral_lightning.sources.parquet_write import write
 from spiral_lightning.sources.protocol import ReadBatch, Take
+from spiral_lightning.sources.retry import Retry, ShortRead, passing
 
 #: What the backend registry reads of this module (resolve and version pin the files).
 __all__ = ["ParquetSource", "open", "resolve", "version", "write"]
@@ -86,12 +89,14 @@ class ParquetSource:
         self._planned = spec.files
         self._version = version(spec)
         self._location = locate_table(spec)
+        options = spec.storage_options
+        self._retry = Retry(spec.uri, options if isinstance(options, StorageOptions) else None)
         # An object store's pass fetches ``prefetch`` row groups at once and checks each file once.
         self.fetches_ahead = self._location.remote
         with footer_lock:
             listed = (spec.uri, self._version) in listed_tables
         if not listed:
-            check_unchanged(spec, self._location, spec.files)
+            self._retry("the listing", lambda: check_unchanged(spec, self._location, self._planned))
             with footer_lock:
                 listed_tables.add((spec.uri, self._version))
         self._pool: ThreadPoolExecutor | None = None
@@ -170,7 +175,8 @@ class ParquetSource:
         if footer is not None:
             return footer
         info = pafs.FileInfo(planned.path, pafs.FileType.File, size=planned.size)
-        footer, _ = read_footer(self._spec, self._location, info)
+        read = partial(read_footer, self._spec, self._location, info)
+        footer, _ = self._retry(f"the footer of {planned.path!r}", read)
         layout = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         if layout != planned.row_groups:
             raise changed_error(self._spec, [f"changed the row groups of {planned.path!r}"])
@@ -196,12 +202,26 @@ class ParquetSource:
         if not same_file(self._location.filesystem.get_file_info(planned.path), planned):
             raise changed_error(self._spec, [f"changed {planned.path!r} while it was read"])
 
+    def _decoded(self, file: int, group: int, decode: Callable[[], T]) -> T:
+        """What ``decode`` decodes of row group ``group`` of file ``file``; a decoder's error says
+        where, once the file is found unchanged (a change is its own error)."""
+        try:
+            return self._checked(file, decode)
+        except (OSError, pa.ArrowInvalid) as error:
+            # Exactly OSError: what pyarrow's decoders raise (its subclasses say other things).
+            if not (isinstance(error, pa.ArrowInvalid) or type(error) is OSError):
+                raise
+            if self._location.remote:
+                self._open_checked(file)
+            where = f"row group {group} of {self._planned[file].path!r}"
+            raise damaged(self._spec.uri, where, error) from error
+
     def _open_checked(self, file: int) -> pa.NativeFile:
         """File ``file`` opened for one pass and checked against the plan: its size and, where the
         store gives them, its entity tag or modification time."""
         planned = self._planned[file]
         try:
-            opened = open_file(self._spec, self._location, planned.path)
+            opened = self._retry(f"{planned.path!r}", lambda: open_file(self._spec, self._location, planned.path))
         except FileNotFoundError as error:
             raise changed_error(self._spec, [f"removed {planned.path!r}"]) from error
         if not self._location.remote:
@@ -252,41 +272,62 @@ class ParquetSource:
         spans = self._spans(file, group, columns)
         key = ByteCache.key(self._planned[file], group, tuple(columns))
         cached = self._cache.get(key) if self._cache is not None else None
+        stop = threading.Event()
         if cached is not None:
-            return Pending(file, group, spans, (), cached, key)
+            return Pending(file, group, spans, (), cached, key, stop)
         parts = []
         for span in spans:
             for start in range(span.start, span.end, PART_BYTES):
                 size = min(PART_BYTES, span.end - start)
-                parts.append(self._io().submit(read_at, opened, size, start))
-        return Pending(file, group, spans, tuple(parts), None, key)
+                parts.append(self._io().submit(self._read_part, opened, file, size, start, stop))
+        return Pending(file, group, spans, tuple(parts), None, key, stop)
 
-    def _bytes(self, pending: Pending) -> bytes | pa.Buffer:
+    def _read_part(
+        self, opened: Callable[[], pa.NativeFile], file: int, size: int, start: int, stop: threading.Event
+    ) -> bytearray:
+        """Bytes ``start..start + size`` of file ``file``, all of them, through the store's outages.
+        A short response is read again once the file is found unchanged."""
+        path = self._planned[file].path
+
+        def attempt() -> bytearray:
+            handle = opened()
+            try:
+                return read_span(handle, path, size, start)
+            except OSError as error:
+                if isinstance(error, ShortRead) or not (passing(error) or isinstance(error, PermissionError)):
+                    self._open_checked(file)  # a file rewritten shorter is a change, not an outage
+                raise
+
+        return self._retry(f"bytes {start}..{start + size} of {path!r}", attempt, stop)
+
+    def _bytes(self, pending: Pending) -> bytes | bytearray | pa.Buffer:
         """The bytes of a row group ``_fetch`` started, kept in the cache when there is one."""
         if pending.cached is not None:
             return pending.cached
         try:
             parts = [part.result() for part in pending.parts]
         except OSError as error:
-            # Opening the file already said what failed and what to check.
+            # Opening the file, or the retries, already said what failed and what to check.
             if isinstance(error, ConnectionError | PermissionError):
                 raise
             path = self._planned[pending.file].path
             raise remote_error(self._spec, f"reading row group {pending.group} of {path!r}", error) from error
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         if self._cache is not None:
-            self._cache.put(pending.key, data)
+            self._cache.put(pending.key, bytes(data))
         return data
 
     def _row_group(self, files: PassFiles, pending: Pending | None, file: int, columns: list[str]) -> pq.ParquetFile:
         """File ``file`` as a Parquet reader that reads ``pending``'s row group without a request
         (an object store), or the local file itself."""
         footer = self._footer(file)
+        # Pages written with a CRC (write_table writes one) are checked; others are read as they are.
         if pending is None:
-            return pq.ParquetFile(self._checked(file, lambda: files.open(file)), metadata=footer)
+            opened = self._checked(file, lambda: files.open(file))
+            return pq.ParquetFile(opened, metadata=footer, page_checksum_verification=True)
         planned = self._planned[file]
         fetched = Fetched(planned.path, planned.size, pending.spans, self._bytes(pending))
-        return pq.ParquetFile(pa.PythonFile(fetched, mode="r"), metadata=footer)
+        return pq.ParquetFile(pa.PythonFile(fetched, mode="r"), metadata=footer, page_checksum_verification=True)
 
     def _groups_ahead(
         self, items: Sequence[WorkItem], columns: list[str], files: PassFiles
@@ -313,6 +354,7 @@ class ParquetSource:
                 yield index, items[index], self._row_group(files, pending, pending.file, columns)
         finally:
             for _, pending in ahead:
+                pending.stop.set()
                 for part in pending.parts:
                     part.cancel()
 
@@ -325,7 +367,7 @@ class ParquetSource:
         row = 0
         stored = self._lake.columns_in(file, schema.names)
         batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored)
-        while (batch := self._checked(file, lambda: next(batches, None))) is not None:
+        while (batch := self._decoded(file, group, lambda: next(batches, None))) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
                 continue
@@ -359,7 +401,7 @@ class ParquetSource:
         stored = self._lake.columns_in(file, schema.names)
         pending = self._fetch(lambda: files.open(file), file, group, stored) if self._location.remote else None
         reader = self._row_group(files, pending, file, stored)
-        read = self._checked(file, lambda: reader.read_row_group(group, columns=stored))
+        read = self._decoded(file, group, lambda: reader.read_row_group(group, columns=stored))
         return self._lake.conform(file, read, schema)
 
     def _kept(self, split: int) -> np.ndarray:
@@ -397,41 +439,6 @@ def _native_filter(condition: object, schema: pa.Schema) -> tuple[pc.Expression 
         "a Parquet table's filter is filter-language text or a pyarrow.compute.Expression, "
         f"not {type(condition).__name__}"
     )
-
-
-def write(uri: str, data: ArrowData, split_rows: int, storage_options: StorageOptions | None = None) -> TableSpec:
-    """Write ``data`` into a new folder (a new prefix of an object store) as one Parquet file with
-    row groups of ``split_rows``."""
-    spec = TableSpec(uri, storage_options=storage_options)
-    location = locate_table(spec)
-    filesystem, path = location.filesystem, location.path
-    try:
-        info = filesystem.get_file_info(path)
-        occupied = info.type == pafs.FileType.File or (
-            info.type == pafs.FileType.Directory and bool(filesystem.get_file_info(pafs.FileSelector(path)))
-        )
-    except OSError as error:
-        if location.remote:
-            raise remote_error(spec, "looking at the destination", error) from error
-        raise
-    if occupied:
-        raise FileExistsError(f"{path!r} is not an empty folder; write_table never overwrites, pick a new folder")
-    if not location.remote:
-        # An object store has no folders: the file's key makes its prefix.
-        filesystem.create_dir(path, recursive=True)
-    reader = as_reader(data)
-    try:
-        with (
-            filesystem.open_output_stream(f"{path}/part-00000.parquet") as sink,
-            pq.ParquetWriter(sink, reader.schema) as writer,
-        ):
-            for chunk in chunks(reader, split_rows):
-                writer.write_table(chunk, row_group_size=split_rows)
-    except OSError as error:
-        if location.remote:
-            raise remote_error(spec, "writing the table", error) from error
-        raise
-    return resolve(spec)
 
 
 def open(spec: TableSpec) -> ParquetSource:  # the backend registry's name for it

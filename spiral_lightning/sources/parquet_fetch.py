@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from spiral_lightning.sources.retry import ShortRead
+
 #: Files a pass keeps open at once, the least recently used dropped first, so a version of any
 #: number of files reads within the process's limit of open files.
 OPEN_FILES = 64
@@ -87,14 +89,41 @@ class Pending(NamedTuple):
     file: int
     group: int
     spans: tuple[Span, ...]
-    parts: tuple[Future[bytes], ...]
+    parts: tuple[Future[bytearray], ...]
     cached: pa.Buffer | None
     key: str
+    #: Set when the pass no longer needs these bytes: retries stop waiting.
+    stop: threading.Event
 
 
-def read_at(opened: Callable[[], pa.NativeFile], size: int, start: int) -> bytes:
-    data: bytes = opened().read_at(size, start)
-    return data
+#: The byte a range read's buffer ends with before the read (and its complement for a second
+#: read): a response that stops short leaves it there.
+_MARK = 0xA5
+
+
+def read_span(opened: pa.NativeFile, path: str, size: int, start: int) -> bytearray:
+    """Bytes ``start..start + size`` of the file ``opened`` reads, checked to be all there:
+    ``ShortRead`` when the store sent fewer.
+
+    pyarrow's S3 reads write a response into a buffer of the size asked for and report that size
+    even when the response was shorter, so the rest of the buffer is whatever lay there. This
+    reads into a buffer of its own whose last byte is a mark: a short response leaves the mark.
+    Bytes that truly end with the mark are read once more with another mark, so a complete
+    read costs a second request once in 256 spans or so."""
+    data = bytearray(size)
+    if size == 0:
+        return data
+    got = 0
+    for mark in (_MARK, _MARK ^ 0xFF):
+        data[-1] = mark
+        # A segment stream reads at its own offsets, so fetching threads may share one file.
+        got = opened.get_stream(start, size).readinto(data)
+        if got == size and data[-1] != mark:
+            return data
+    raise ShortRead(
+        f"the store sent fewer bytes than asked for bytes {start}..{start + size} of {path!r}"
+        + (f" ({got})" if got < size else "")
+    )
 
 
 class PassFiles:

@@ -16,8 +16,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from spiral_lightning.core.spec import FileVersion, TableSpec
-from spiral_lightning.core.storage import StorageOptions, scrub
-from spiral_lightning.sources.stores import Location, locate
+from spiral_lightning.core.storage import StorageOptions, masked, scrub
+from spiral_lightning.sources.stores import Location, credentials_of, denied, locate
 
 PREFIX = "parquet:"
 
@@ -54,18 +54,19 @@ def locate_table(spec: TableSpec) -> Location:
 def remote_error(spec: TableSpec, what: str, error: OSError) -> OSError:
     """``error`` from the store while doing ``what``, said with the table and the likely fix."""
     text = scrub(str(error), spec.storage_options if isinstance(spec.storage_options, StorageOptions) else None)
-    lowered = text.lower()
-    if any(mark in lowered for mark in ("access_denied", "accessdenied", "forbidden", "signature", "invalidaccesskey")):
+    uri = masked(spec.uri)
+    if denied(text):
         return PermissionError(
-            f"the object store refused {what} for {spec.uri!r}: {text}; check the credentials "
-            "(storage options aws_access_key_id / aws_secret_access_key, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
+            f"the object store refused {what} for {uri!r}: {text}; check the credentials "
+            f"({credentials_of(target_of(spec.uri))}): the key id, its secret and what they may read"
         )
+    lowered = text.lower()
     if any(mark in lowered for mark in ("connect", "timeout", "timed out", "resolve host", "network")):
         return ConnectionError(
-            f"cannot reach the object store of {spec.uri!r} while {what}: {text}; check the endpoint "
+            f"cannot reach the object store of {uri!r} while {what}: {text}; check the endpoint "
             "(storage option aws_endpoint or AWS_ENDPOINT_URL) and that the store is up"
         )
-    return OSError(f"{what} failed for {spec.uri!r}: {text}")
+    return OSError(f"{what} failed for {uri!r}: {text}")
 
 
 def list_table(spec: TableSpec, location: Location) -> list[pafs.FileInfo]:

@@ -41,6 +41,7 @@ from spiral_lightning.core import filters
 from spiral_lightning.core.plan import Plan, WorkItem
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
+from spiral_lightning.sources.damage import damaged
 from spiral_lightning.sources.protocol import ReadBatch, Take, refuse_storage_options
 from spiral_lightning.sources.sds_records import (
     Layout,
@@ -248,7 +249,14 @@ class SdsSource:
             for start in range(0, rows.size, self._read_rows):
                 part = rows[start : start + self._read_rows]
                 with self._reading:
-                    records = self._dataset.__getitems__((part + first).tolist())
+                    try:
+                        records = self._dataset.__getitems__((part + first).tolist())
+                    except Exception as error:
+                        # signal-dataset checks each record's chunk hash and names neither table nor shard.
+                        if "corrupt" not in str(error).lower():
+                            raise
+                        where = f"split {item.split} (stored rows {int(part[0])}..{int(part[-1]) + 1})"
+                        raise damaged(self._uri, where, error) from error
                 last = start + self._read_rows >= rows.size
                 yield self._rows(records), index, item.end if last else int(part[-1]) + 1
 

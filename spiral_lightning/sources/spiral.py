@@ -25,6 +25,7 @@ from spiral_lightning.core.media import Image
 from spiral_lightning.core.plan import Plan, Split, WorkItem
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.chunks import ArrowData, as_reader, chunks
+from spiral_lightning.sources.damage import located
 from spiral_lightning.sources.protocol import ReadBatch, Take, refuse_storage_options
 
 #: The file in a local table's root that names its resource and version ids.
@@ -33,6 +34,10 @@ IDS_FILE = "spiral-lightning.json"
 #: Arrow input batches must stay under spiral-sdk's bounds of 1,000,000 rows and 64 MiB.
 _MAX_BATCH_ROWS = 1_000_000
 _MAX_BATCH_BYTES = 32 << 20
+
+#: What spiral-sdk says of stored bytes it cannot decode or that fail their digest (measured on
+#: damaged local payloads and blobs: "Table storage failed: ...", "blob digest mismatch").
+_DAMAGED = ("storage failed", "digest mismatch", "corrupt")
 
 _REMOTE = "spiral://"
 _LOCAL = "spiral:"
@@ -320,7 +325,8 @@ class SpiralSource:
         return self._splits
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
-        return self._scan.read_work([spiral.WorkItem(*item) for item in items])
+        reads = self._scan.read_work([spiral.WorkItem(*item) for item in items])
+        return located(reads, items, self._uri, (spiral.SpiralError, pa.ArrowInvalid, OSError), _DAMAGED)
 
     def count(self, items: Sequence[WorkItem]) -> list[int]:
         return self._scan.count_rows([spiral.WorkItem(*item) for item in items])

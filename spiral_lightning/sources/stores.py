@@ -11,7 +11,63 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
-from spiral_lightning.core.storage import KEYS, StorageOptions, parse
+from spiral_lightning.core.storage import KEYS, StorageOptions, masked, parse
+
+#: What a store says when it refuses the credentials or what they may do, in the words of S3
+#: (and compatible servers), GCS and Azure, lowercased: an unknown key id, a wrong secret, an
+#: expired token, a denied bucket.
+_DENIED = (
+    "access_denied",
+    "accessdenied",
+    "access denied",
+    "invalid_access_key",
+    "invalidaccesskey",
+    "signature_does_not_match",
+    "signaturedoesnotmatch",
+    "signature",
+    "expired_token",
+    "expiredtoken",
+    "invalid_token",
+    "invalidtoken",
+    "forbidden",
+    "unauthorized",
+    "unauthenticated",
+    "permission denied",
+    "permission_denied",
+    "authenticationfailed",
+    "authorizationfailure",
+    "authorizationpermissionmismatch",
+    "http status 401",
+    "http status 403",
+    "status code 401",
+    "status code 403",
+)
+
+#: The options and environment that hold each kind of store's credentials, for the fix a refusal names.
+CREDENTIALS = {
+    "s3": "storage options aws_access_key_id / aws_secret_access_key (/ aws_session_token), or "
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
+    "gcs": "storage option google_access_token, or GOOGLE_APPLICATION_CREDENTIALS",
+    "azure": "storage options azure_storage_account_key, azure_storage_sas_token or azure_storage_client_secret, "
+    "or AZURE_STORAGE_ACCOUNT_KEY",
+    "local": "the file permissions",
+}
+
+
+def denied(text: str) -> bool:
+    """Whether a store's error ``text`` says it refused the credentials (unknown key id, wrong
+    secret, expired token) or what they may do (403): a ``PermissionError`` that no retry mends."""
+    lowered = text.lower()
+    return any(mark in lowered for mark in _DENIED)
+
+
+def credentials_of(target: str) -> str:
+    """Where the credentials of the store ``target`` names come from, for an error's fix."""
+    try:
+        kind = parse(target)[0]
+    except ValueError:
+        kind = "s3"
+    return CREDENTIALS[kind]
 
 
 class Location(NamedTuple):
@@ -35,7 +91,8 @@ def locate(target: str, options: StorageOptions | None = None) -> Location:
     unknown = sorted(set(options) - KEYS[kind])
     if unknown:
         raise ValueError(
-            f"storage options {unknown} do not apply to {target!r} ({kind}); it reads {sorted(KEYS[kind]) or 'none'}"
+            f"storage options {unknown} do not apply to {masked(target)!r} ({kind}); "
+            f"it reads {sorted(KEYS[kind]) or 'none'}"
         )
     if kind == "local":
         return Location(kind, path, _local())
