@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from spiral_lightning import Mixture, TableDataset, TableMapDataset, TableSpec, WindowDataset, Windows
+from spiral_lightning import (
+    Mixture,
+    SpiralDataModule,
+    TableDataset,
+    TableMapDataset,
+    TableSpec,
+    WindowDataset,
+    Windows,
+)
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, Loader, loader_options
 from spiral_lightning.datasets.stuck import WorkerTimeout, position, process_state
 
@@ -163,3 +171,16 @@ def test_the_position_named_is_the_workers_last_reported_cursor() -> None:
         == "work item 0 of its list at stored row 5, epoch 0; work item 2 of its list at stored row 7, skip 3, epoch 0"
     )
     assert "map-style" in position(None, None)
+
+
+def test_every_loader_the_package_makes_gives_workers_up_after_its_timeout(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    spec = make_table([100, 100], columns=["id"])
+    assert TableDataset(spec, batch_size=10).loader(num_workers=1).timeout == WORKER_TIMEOUT
+    assert TableMapDataset(spec).loader(batch_size=10, num_workers=1, timeout=9).timeout == 9
+    assert Mixture([(spec, 1.0)], batch_size=10).loader(num_workers=1).timeout == WORKER_TIMEOUT
+    data = SpiralDataModule(train=spec, batch_size=10, num_workers=1, timeout=7)
+    data.setup("fit")
+    assert data.train_dataloader().timeout == 7
+    assert isinstance(data.train_dataloader(), Loader)

@@ -17,6 +17,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
 from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
+from spiral_lightning.datasets.loader import WORKER_TIMEOUT
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
@@ -70,8 +71,7 @@ class SpiralDataModule(pl.LightningDataModule):
         filter: The rows every stage keeps: text such as ``"label < 2"`` or a spiral expression.
         batch_size: Rows a batch (packed blocks a batch with ``packing``).
         num_workers: DataLoader workers a rank, started by ``forkserver``; 0 reads in process.
-        policy: The order of the stages' tables: ``"balanced"`` (the default), ``"stripe"``,
-            ``"shuffled"`` (``Shuffled(seed)``), ``"module.function"`` or a policy function.
+        policy: ``"balanced"`` (the default), ``"stripe"``, ``"shuffled"``, ``"module.function"``.
         shuffle: Read the train table in a new, well-mixed order every epoch, drawn from
             ``seed`` (see ``TableDataset``); the other stages keep ``policy``.
         seed: The seed of ``shuffle``, ``"shuffled"`` and ``access="map"``'s order.
@@ -80,19 +80,16 @@ class SpiralDataModule(pl.LightningDataModule):
         persistent_workers: Keep the workers from one epoch to the next.
         multiprocessing_context: How workers start: ``"forkserver"`` (the default) or ``"spawn"``.
         even_batches: Give every rank the same batches when there is more than one (see above).
-        access: ``"map"`` trains through a ``TableMapDataset``, rows drawn in a new order every
-            epoch by torchdata's ``StatefulDistributedSampler``, read in batched random accesses.
+        access: ``"map"`` trains through a ``TableMapDataset`` in a new order every epoch.
         read_ahead: Read batches each consumer reads ahead, on a thread (0 reads in line).
         read_threads: Work items each consumer reads at once (``None``: from the cores).
-        storage_options: Settings of the object store of Parquet tables (keep secrets in the
-            environment, not in a YAML file, which LightningCLI copies into the run's folder).
+        storage_options: Settings of the object store of Parquet tables (secrets: environment).
         transform: Called on each batch in the worker that reads it, after decoding.
-        packing: Train on blocks of ``packing.length`` tokens of a token column instead of rows
-            (a ``PackedDataset``); even batches count blocks; other stages read rows.
-        stall_meter: Add a ``DataStallMeter`` to the Trainer when fitting: every step logs how
-            long it waited for its batch, and a run that keeps waiting warns once.
+        packing: Train on packed blocks of tokens (a ``PackedDataset``); other stages read rows.
+        stall_meter: Add a ``DataStallMeter``: each step logs its wait for data; long waits warn.
         missing_position: A fit resumed mid-epoch from a checkpoint that holds no position:
             ``"refuse"`` (the default), or ``"restart_epoch"`` to read that epoch from its start.
+        timeout: Seconds a loader waits for a worker's batch before it gives the worker up (0: ever).
     """
 
     def __init__(
@@ -122,6 +119,7 @@ class SpiralDataModule(pl.LightningDataModule):
         packing: Packing | None = None,
         stall_meter: bool = True,
         missing_position: Literal["refuse", "restart_epoch"] = "refuse",
+        timeout: float = WORKER_TIMEOUT,
     ) -> None:
         super().__init__()
         if packing is not None and (not isinstance(packing, Packing) or access == "map"):
@@ -168,6 +166,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 f"{MISSING_POSITION} (given {missing_position!r})"
             )
         self.missing_position = missing_position
+        self.timeout = timeout
         self.access = access
         self.seed = seed
         self.transform = transform
@@ -267,6 +266,7 @@ class SpiralDataModule(pl.LightningDataModule):
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
             "multiprocessing_context": self.multiprocessing_context,
+            "timeout": self.timeout,
         }
 
     def train_dataloader(self) -> SpiralLoader:
