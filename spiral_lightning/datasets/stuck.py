@@ -232,7 +232,32 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
             )
             self._relay_thread.start()
             self._data_queue = relayed
-        return super()._try_get_data(timeout)
+        try:
+            return super()._try_get_data(timeout)
+        except (EOFError, OSError) as error:
+            # A batch's descriptors come from its worker: one killed as it sends them fails the
+            # read before its exit shows. Give the exit a moment, then name the worker as torch does.
+            dead = self._dead_workers()
+            if dead:
+                raise RuntimeError(f"DataLoader worker (pid(s) {dead}) exited unexpectedly") from error
+            raise
+
+    def _dead_workers(self, wait: float = 2.0) -> str:
+        """The pids of the workers that exited, waiting up to ``wait`` seconds for one to; each is
+        marked unavailable, as torch marks the workers it finds dead."""
+        deadline = time.monotonic() + wait
+        while True:
+            dead = [
+                index
+                for index, worker in enumerate(self._workers)
+                if self._workers_status[index] and not worker.is_alive()
+            ]
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for index in dead:
+            self._mark_worker_as_unavailable(index)
+        return ", ".join(str(self._workers[index].pid) for index in dead)
 
     def _get_data(self) -> Any:
         if self._timeout <= 0:
