@@ -116,7 +116,10 @@ def _dataset_state(state: Any, where: str) -> Mapping[str, Any]:
 def _plain(value: Any) -> Any:
     """``value`` as JSON values: mappings with string keys, lists, and arrays (a tensor, a numpy
     value) as their dtype and values; anything else by its ``repr``."""
-    if value is None or isinstance(value, bool | int | float | str):
+    kind = type(value)
+    if kind in _SCALARS or (kind is list and all(type(item) in _SCALARS for item in value)):
+        return value  # the fields of every batch's state: the common case, taken first
+    if isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, Mapping):
         return {key if isinstance(key, str) else f"{type(key).__name__}:{key!r}": _plain(v) for key, v in value.items()}
@@ -126,3 +129,7 @@ def _plain(value: Any) -> Any:
     if callable(tolist):
         return {"dtype": str(getattr(value, "dtype", type(value).__name__)), "values": _plain(tolist())}
     return repr(value)
+
+
+#: The types JSON writes as they are.
+_SCALARS = frozenset({type(None), bool, int, float, str})

@@ -102,6 +102,8 @@ class Consumer:
         self.world_size = 1 if world_size is None else world_size
         Shard(self.rank, self.world_size).check()
         self.spec = with_selection(as_spec(spec, storage_options), columns, filter).resolve()
+        #: The exact version ``spec`` names, computed once: every batch's state records it.
+        self.version = self.spec.version
         check_count("seed", seed)
         if shuffle and policy is not None:
             raise ValueError(
@@ -158,7 +160,7 @@ class Consumer:
 
     def own_tally(self, counter: int) -> int:
         """Counter ``counter`` of this process's consumer alone, which its state records."""
-        return int(self._tallies[_tally_slot(), counter])
+        return int(self._tallies.numpy()[_tally_slot(), counter])
 
     def set_tally(self, counter: int, value: int) -> None:
         """Set this process's consumer's counter ``counter`` to ``value``."""
@@ -278,12 +280,13 @@ class Consumer:
     @property
     def epoch(self) -> int:
         """The epoch whose work lists this dataset reads (see ``set_epoch``)."""
-        return int(self._settings[0])
+        # tolist: a fifth of the time of indexing a tensor, and this is read for every batch's state.
+        return int(self._settings.tolist()[0])
 
     @property
     def rows_per_consumer(self) -> int | None:
         """Each consumer's quota of rows, ``None`` for none (see ``set_rows_per_consumer``)."""
-        rows = int(self._settings[1])
+        rows = int(self._settings.tolist()[1])
         return None if rows < 0 else rows
 
     def source(self) -> Source:

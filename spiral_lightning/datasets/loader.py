@@ -16,6 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.integrity import dataset_states
+from spiral_lightning.datasets.pipes import piped
 from spiral_lightning.datasets.stuck import WatchedIterator
 
 #: Seconds a loader waits for the next batch of a worker before it gives the worker up with a
@@ -132,6 +133,8 @@ class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no ty
     def __init__(self, dataset: Any, **options: Any) -> None:
         if options.get("num_workers"):
             options.setdefault("timeout", WORKER_TIMEOUT)
+            if "multiprocessing_context" in options:
+                options["multiprocessing_context"] = piped(options["multiprocessing_context"])
         else:
             options.pop("timeout", None)
         super().__init__(dataset, **options)

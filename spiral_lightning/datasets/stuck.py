@@ -30,6 +30,7 @@ from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProc
 
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.secrets import masked
+from spiral_lightning.reading.blocks import forget
 
 
 class WorkerTimeout(RuntimeError):
@@ -184,11 +185,20 @@ class _Relayed(queue.Queue[Any]):
         return item
 
 
-def _relay(source: Any, target: _Relayed, done: threading.Event) -> None:
+def _relay(source: Any, target: _Relayed, done: threading.Event, pids: list[int]) -> None:
     """Move the workers' results from ``source`` to ``target`` until ``done``. Reading one may
     block for good: a batch's tensors come by file descriptor from the worker that made them,
     which a stopped worker never sends; then only this thread waits, not the loader. After a
-    few errors in a row (a queue that no longer reads) it stops: the loader has failed by then."""
+    few errors in a row (a queue that no longer reads) it stops: the loader has failed by then.
+    Ending, it unmaps the blocks of the workers ``pids``: a batch it read as the loader shut
+    down may have mapped one after the loader unmapped them."""
+    try:
+        _relayed(source, target, done)
+    finally:
+        forget(pids)
+
+
+def _relayed(source: Any, target: _Relayed, done: threading.Event) -> None:
     errors = 0
     while not done.is_set() and errors < _RELAY_ERRORS:
         try:
@@ -226,7 +236,8 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
             # reads their queue. The thread holds no reference to the iterator, which is freed as usual.
             self._relay_done = threading.Event()
             relayed = _Relayed()
-            arguments = (self._worker_result_queue, relayed, self._relay_done)
+            pids = [worker.pid for worker in self._workers]
+            arguments = (self._worker_result_queue, relayed, self._relay_done, pids)
             self._relay_thread = threading.Thread(
                 target=_relay, args=arguments, name="spiral-lightning-relay", daemon=True
             )
@@ -234,11 +245,17 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
             self._data_queue = relayed
         try:
             return super()._try_get_data(timeout)
+        except RuntimeError:
+            # A worker died (torch's "exited unexpectedly"): the epoch cannot go on. End the others
+            # now, not whenever the traceback that holds this iterator goes.
+            self._shutdown_workers()
+            raise
         except (EOFError, OSError) as error:
             # A batch's descriptors come from its worker: one killed as it sends them fails the
             # read before its exit shows. Give the exit a moment, then name the worker as torch does.
             dead = self._dead_workers()
             if dead:
+                self._shutdown_workers()
                 raise RuntimeError(f"DataLoader worker (pid(s) {dead}) exited unexpectedly") from error
             raise
 
@@ -294,3 +311,5 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
                 self._worker_result_queue.cancel_join_thread()
                 self._worker_result_queue.close()
         super()._shutdown_workers()
+        # The blocks their batches came in: unmapped here, not when the process next meets a new pool.
+        forget(worker.pid for worker in getattr(self, "_workers", ()) if worker.pid is not None)

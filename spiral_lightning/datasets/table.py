@@ -322,7 +322,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         """The state of consumer ``shard`` as this dataset stands: its cursor and the settings it
         is valid for (a kind built on this one, such as ``PackedDataset``, replaces the cursor)."""
         return State(
-            version=self.spec.version,
+            version=self.version,
             shard=shard,
             batch_size=self.batch_size,
             epoch=self.epoch,

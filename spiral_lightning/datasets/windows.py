@@ -371,7 +371,7 @@ class WindowDataset(IterableDataset[Any]):
 
     def _state(self, shard: Shard) -> State:
         return State(
-            version=self.table.spec.version,
+            version=self.table.version,
             shard=shard,
             batch_size=self.batch_size,
             epoch=self.epoch,

@@ -1,7 +1,8 @@
 """The ``spiral-lightning`` command line: Lightning's ``fit``, ``validate``, ``test`` and
 ``predict`` over a SpiralDataModule, configured by YAML files (``--config``) and flags, and
 ``ingest images|videos|rows SRC DEST``, which turns a class-per-subfolder folder, or CSV, Parquet or
-JSON-lines files, into a table.
+JSON-lines files, into a table, and ``bench URI``, which reads a table for a few seconds under
+each loader setting and prints its rates and the setting to use.
 
 The model and the data module are named by ``class_path`` in the config, so any LightningModule
 trains on any SpiralDataModule subclass; ``configs/demo.yaml`` is a complete example.
@@ -10,23 +11,15 @@ trains on any SpiralDataModule subclass; ``configs/demo.yaml`` is a complete exa
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-
-from spiral_lightning.core.secrets import masked_config
-from spiral_lightning.lightning.datamodule import SpiralDataModule
+from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.media.ingest import ingest_images, ingest_videos
 from spiral_lightning.sources.ingest_files import ingest_files
-
-#: What ``ingest`` does, in one line: its entry in ``spiral-lightning --help``.
-INGEST_HELP = (
-    "Write a class-per-subfolder folder of images or videos, or CSV, Parquet or JSON-lines files, as a new table."
-)
 
 
 def _positive(text: str) -> int:
@@ -34,6 +27,41 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds above 0, or argparse's error naming the option."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return seconds
+
+
+def _workers(text: str) -> list[int]:
+    """Worker counts separated by commas (``0,2``), or argparse's error naming the option."""
+    items = text.split(",")
+    if not all(item.strip().isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"must be whole numbers separated by commas (such as 0,2), not {text!r}")
+    return [int(item) for item in items]
+
+
+def _read_threads(text: str) -> list[int | None]:
+    """Thread counts of at least 1 or ``auto`` (None) separated by commas, or argparse's error."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item == "auto" or (item.isdigit() and int(item) > 0) for item in items):
+        raise argparse.ArgumentTypeError(f"must be counts of at least 1 or auto, separated by commas, not {text!r}")
+    return [None if item == "auto" else int(item) for item in items]
+
+
+def _option(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``, or argparse's error naming the option."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE (such as aws_region=eu-west-1), not {text!r}")
+    return key, value
 
 
 def _column_type(text: str) -> tuple[str, str]:
@@ -101,26 +129,84 @@ def ingest(argv: Sequence[str]) -> None:
         print(f"left out {len(report.bad)} {files} not decode, listed on stderr")
 
 
-class _Parser(LightningArgumentParser):
-    """Lightning's parser, whose list of subcommands also names ``ingest``, which ``main`` runs
-    before Lightning parses anything."""
+def bench(argv: Sequence[str]) -> None:
+    """``bench URI``: read the table for ``--seconds`` under each setting (workers times read
+    threads) and print the rates, the setting to use and, when even the best is slow, a hint; a
+    refusal (no such table, an unknown column, a filter that does not parse) is one line on stderr
+    and exit status 1."""
+    # Imported here, as Lightning is in main: each command loads what it runs.
+    from spiral_lightning.datasets.bench import MOST_WORKERS, Setting, default_workers, measure, report
+    from spiral_lightning.datasets.table import TableDataset
 
-    def add_subcommands(self, required: bool = True, dest: str = "subcommand", **kwargs: Any) -> ActionSubCommands:
-        subcommands = super().add_subcommands(required, dest, **kwargs)
-        subcommands.add_subcommand("ingest", ArgumentParser(description=INGEST_HELP), help=INGEST_HELP)
-        return subcommands
-
-
-class SaveMaskedConfig(SaveConfigCallback):
-    """Lightning's ``SaveConfigCallback`` (the run's ``config.yaml`` in its log folder), with every
-    secret masked: the value of each entry named like one (``aws_secret_access_key``,
-    ``sas_token``, ``password``; see ``core.secrets.is_secret_key``) is ``***``, and a uri's query
-    values and password too. A key given as ``--data.storage_options '{...}'`` thus never lands
-    in a file; the run itself got the real value. To rerun from the saved file, give the keys in
-    the environment (or the flag) again."""
-
-    def __init__(self, parser: LightningArgumentParser, config: Namespace, **options: Any) -> None:
-        super().__init__(parser, masked_config(config), **options)
+    parser = argparse.ArgumentParser(
+        prog="spiral-lightning bench",
+        description="Read a table for a few seconds under each setting (DataLoader workers, reading threads) as a "
+        "TableDataset in stored order, and print rows/s, MB/s (10^6 bytes of tensors) and batches/s of each, timed "
+        "from each worker's first batch on, and the setting to use: before a long job, on the machine it runs on.",
+    )
+    parser.add_argument(
+        "uri",
+        help="the table: spiral:<folder>, spiral://<project>/<path>, parquet:<file, folder, glob or store uri>, "
+        "sds:<root>; a folder alone is a local Spiral table",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive, default=1024, metavar="ROWS", help="rows a batch (default 1024)"
+    )
+    parser.add_argument("--columns", metavar="A,B", help="the columns to read, separated by commas (default: all)")
+    parser.add_argument(
+        "--filter", metavar="TEXT", help="the rows to read, in the filter language (such as 'label < 5')"
+    )
+    parser.add_argument(
+        "--seconds", type=_seconds, default=3.0, metavar="S", help="seconds each setting reads (default 3)"
+    )
+    tried = default_workers()
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=tried,
+        metavar="N,N",
+        help="DataLoader worker counts to try, separated by commas; 0 reads in this process (default: 0 and the "
+        f"cores here, at most {MOST_WORKERS}: {','.join(map(str, tried))})",
+    )
+    parser.add_argument(
+        "--read-threads",
+        type=_read_threads,
+        default=[None],
+        metavar="N,N",
+        help="reading threads a process to try, separated by commas; auto is the process's share of the cores "
+        "(default: auto)",
+    )
+    parser.add_argument(
+        "--storage-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="how to reach a Parquet table in an object store (aws_region=..., aws_endpoint=...), once per option; "
+        "keys not given come from the store's environment",
+    )
+    args = parser.parse_args(argv)
+    uri = args.uri if ":" in args.uri else f"spiral:{args.uri}"
+    columns = None if args.columns is None else tuple(name.strip() for name in args.columns.split(","))
+    settings = [Setting(count, threads) for count in dict.fromkeys(args.workers) for threads in args.read_threads]
+    try:
+        table = TableSpec(uri, columns=columns, filter=args.filter, storage_options=dict(args.storage_option) or None)
+        # Built once first: a bad column or filter fails before any setting reads, and every
+        # setting reads the version pinned here.
+        spec = TableDataset(table).spec
+        selected = "all columns" if spec.columns is None else "columns " + ",".join(spec.columns)
+        print(
+            f"reading {spec.uri} (version {spec.version}), {selected}"
+            + ("" if spec.filter is None else f", filter {spec.filter!r}")
+            + f", batch_size={args.batch_size}: {len(settings)} setting{'s' if len(settings) > 1 else ''}, "
+            f"{args.seconds:g} s each after start-up",
+            flush=True,
+        )
+        results = [measure(spec, setting, batch_size=args.batch_size, seconds=args.seconds) for setting in settings]
+    except (OSError, ValueError) as error:
+        message = " ".join([str(error), *getattr(error, "__notes__", ())])
+        parser.exit(1, f"{parser.prog}: error: {message}\n")
+    print(report(results, args.batch_size))
 
 
 def import_from_working_directory() -> None:
@@ -139,18 +225,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments[:1] == ["ingest"]:
         ingest(arguments[1:])
         return
-    LightningCLI(
-        datamodule_class=SpiralDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        # A rerun of the same experiment writes its config again instead of refusing to start.
-        save_config_kwargs={"overwrite": True},
-        # The saved config.yaml shows every secret as ***.
-        save_config_callback=SaveMaskedConfig,
-        parser_class=_Parser,
-        # Lightning reads the process's arguments itself, and warns when given them as well.
-        args=None if argv is None else arguments,
-    )
+    if arguments[:1] == ["bench"]:
+        bench(arguments[1:])
+        return
+    # Imported here: Lightning's imports take seconds that ingest and bench do without (and so does
+    # the forkserver of their DataLoader workers, which imports what the main script imports).
+    from spiral_lightning.lightning.trainer_cli import run
+
+    run(None if argv is None else arguments)
 
 
 if __name__ == "__main__":

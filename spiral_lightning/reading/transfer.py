@@ -1,9 +1,10 @@
-"""Handing a collated batch from a DataLoader worker to the main process as one block.
+"""Handing a collated batch from a DataLoader worker to the main process in one block.
 
 A worker sends each tensor storage of a batch through its own shared-memory block and file
 descriptor; for batches of several small tensors that costs far more than the bytes themselves
-(about 2 ms per batch of three 1024-row tensors here). Views of one block travel as one, and
-``send_by_name`` makes a worker name its blocks rather than pass their descriptors.
+(about 2 ms per batch of three 1024-row tensors here). A batch goes in one block of the worker's
+pool (``blocks``), or in one new block when every pooled block is held; ``send_by_name`` makes a
+worker name its new blocks rather than pass their descriptors.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
-#: Where each tensor starts in the block: a multiple of every dtype's size and of a cache line.
-_ALIGN = 64
+from spiral_lightning.reading.blocks import ALIGN, pooled
+
 #: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
 _BY_NAME = "file_system"
 
@@ -42,9 +43,14 @@ def send_by_name(worker_id: int | None = None) -> None:
 
 
 def handed_on(batch: Any) -> Any:
-    """``batch`` as this process hands it on: in one block from a DataLoader worker, else as
-    it is (a batch read in the main process never leaves it)."""
-    return batch if get_worker_info() is None else one_block(batch)
+    """``batch`` as this process hands it on: from a DataLoader worker, in a block of the
+    worker's pool (``blocks.pooled``) or, with every pooled block busy, in one new block; else as
+    it is (a batch read in the main process never leaves it, and one that is no ``dict`` is
+    handed on as the DataLoader would)."""
+    if get_worker_info() is None or not isinstance(batch, dict):
+        return batch
+    found = _tensors(batch)
+    return (pooled(batch, found.values()) if found else None) or one_block(batch)
 
 
 def one_block(batch: Any) -> Any:
@@ -57,15 +63,14 @@ def one_block(batch: Any) -> Any:
     """
     if not isinstance(batch, dict):
         return batch
-    # Keyed by identity, so a tensor that appears twice is copied once and stays one tensor.
-    found = {id(item): item for value in batch.values() for item in _items(value) if _movable(item)}
+    found = _tensors(batch)
     if len(found) < 2:
         return batch
     starts = {}
     size = 0
     for key, tensor in found.items():
         starts[key] = size
-        size += -(-tensor.numel() * tensor.element_size() // _ALIGN) * _ALIGN
+        size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
     # torch's default_collate allocates its stacked batches in workers the same way.
     storage = torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
     block = torch.empty(0, dtype=torch.uint8).set_(storage)
@@ -75,6 +80,12 @@ def one_block(batch: Any) -> Any:
         view = block[start : start + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
         moved[key] = view.copy_(tensor)
     return {name: _replaced(value, moved) for name, value in batch.items()}
+
+
+def _tensors(batch: dict[str, Any]) -> dict[int, torch.Tensor]:
+    """The tensors a block can hold in ``batch``, by identity: one that appears twice is copied
+    once and stays one tensor."""
+    return {id(item): item for value in batch.values() for item in _items(value) if _movable(item)}
 
 
 def _items(value: Any) -> list[Any]:

@@ -1,0 +1,72 @@
+"""Queues between a loader and its DataLoader workers that write in the writer's own thread.
+
+A ``multiprocessing.Queue`` hands each message to a feeder thread that pickles and writes it. For
+a batch that is a few hundred bytes (``reading.blocks``), that thread costs more than the message:
+the writer wakes it, and both then wait for the interpreter's lock (a worker spent about 40% of its
+time in ``Queue.put`` on 256-row batches). A ``PipeQueue`` pickles and writes in ``put`` itself.
+It never holds more than its pipe: a loader's queues carry at most the loader's prefetched batches
+and indexes, and their readers (the loader, or its relay or pin-memory thread) read every message
+that arrives, whichever worker sent it, so a writer waits only for a reader that is reading.
+"""
+
+from __future__ import annotations
+
+import queue
+from multiprocessing import context, queues
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+
+class PipeQueue(queues.SimpleQueue):  # type: ignore[type-arg]  # not generic at runtime before 3.12
+    """A ``SimpleQueue`` with the ``Queue`` methods a DataLoader calls: ``get`` with a timeout
+    (``queue.Empty`` past it), ``put`` with ignored blocking arguments, and the feeder thread's
+    ``cancel_join_thread`` and ``join_thread``, which have nothing to do."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        wait = timeout if block else 0.0
+        if not self._rlock.acquire(block, timeout):  # type: ignore[attr-defined]  # SimpleQueue's own
+            raise queue.Empty
+        try:
+            if not self._poll(wait):  # type: ignore[attr-defined]
+                raise queue.Empty
+            data = self._reader.recv_bytes()  # type: ignore[attr-defined]
+        finally:
+            self._rlock.release()  # type: ignore[attr-defined]
+        return ForkingPickler.loads(data)
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(obj)
+
+    def cancel_join_thread(self) -> None:
+        """Nothing: no feeder thread to leave behind."""
+
+    def join_thread(self) -> None:
+        """Nothing: no feeder thread to wait for."""
+
+
+class _PipeForkServer(context.ForkServerContext):
+    """The ``forkserver`` context, whose queues are ``PipeQueue``s."""
+
+    def Queue(self, maxsize: int = 0) -> PipeQueue:  # type: ignore[override]
+        return PipeQueue(ctx=self)
+
+
+class _PipeSpawn(context.SpawnContext):
+    """The ``spawn`` context, whose queues are ``PipeQueue``s."""
+
+    def Queue(self, maxsize: int = 0) -> PipeQueue:  # type: ignore[override]
+        return PipeQueue(ctx=self)
+
+
+#: The contexts a loader's workers start in, by start method, with queues that need no thread.
+PIPE_CONTEXTS: dict[str, context.BaseContext] = {"forkserver": _PipeForkServer(), "spawn": _PipeSpawn()}
+
+
+def piped(start: Any) -> Any:
+    """The ``PIPE_CONTEXTS`` entry for ``start`` (a start method's name, or its context), or
+    ``start`` as it is: a fork context, or one of the user's own."""
+    if isinstance(start, str):
+        return PIPE_CONTEXTS.get(start, start)
+    if type(start) in (context.ForkServerContext, context.SpawnContext):
+        return PIPE_CONTEXTS[start.get_start_method()]
+    return start
