@@ -25,7 +25,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
-from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning
+from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
@@ -53,7 +53,7 @@ def train_loader(
     spec: TableSpec | str,
     *,
     batch_size: int,
-    num_workers: int = 0,
+    num_workers: int | None = None,
     policy: Policy | str | None = None,
     shuffle: bool = False,
     seed: int = 0,
@@ -69,7 +69,8 @@ def train_loader(
     storage_options: Mapping[str, Any] | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
-    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (persistent,
+    rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
+    ``workers_for``'s: none for plain columns, processes for a transform or media; persistent,
     and started as ``TableDataset.loader`` starts them), each ``read_ahead`` read batches ahead of
     ``read_threads`` work items read at once (see ``TableDataset``); ``storage_options`` reach a
     Parquet table in an object store (see ``TableSpec``).
@@ -110,7 +111,7 @@ def train_loader(
         read_ahead=read_ahead,
         read_threads=read_threads,
     )
-    dataset.check_shares(num_workers)
+    dataset.check_shares(num_workers := workers_for(dataset, num_workers))
     loader_class = _EvenLoader if even_batches and world_size > 1 else Loader
     options: dict[str, Any] = {"pin_memory": pin_memory}
     if num_workers:

@@ -150,7 +150,7 @@ def test_a_slowed_source_shows_a_share_near_one_and_warns_once(
     spec = make_table([160], columns=["id", "x"])
     meter = Recording(steps=5)
     run = trainer(tmp_path, max_epochs=1, callbacks=[meter])
-    data = SpiralDataModule(spec, batch_size=8, transform=slowed)
+    data = SpiralDataModule(spec, batch_size=8, transform=slowed, num_workers=0)
     with pytest.warns(
         UserWarning, match=r"rank 0: the last 5 training steps .* num_workers=0, read_threads=None, read_ahead=2"
     ) as warned:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import os
 import pickle
 import sys
 import warnings
@@ -18,6 +19,7 @@ from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.integrity import dataset_states
 from spiral_lightning.datasets.pipes import piped
 from spiral_lightning.datasets.stuck import WatchedIterator
+from spiral_lightning.reading.tensors import to_torch
 
 #: Seconds a loader waits for the next batch of a worker before it gives the worker up with a
 #: ``stuck.WorkerTimeout`` naming it (the DataLoader option ``timeout``; 0 waits forever). Long enough
@@ -101,6 +103,56 @@ def referenced_modules(value: Any) -> list[str]:
     except (pickle.PicklingError, TypeError, AttributeError):
         return []
     return list(found)
+
+
+#: Workers a loader gets at most when not told how many.
+MOST_WORKERS = 4
+
+
+def workers_for(dataset: Any, num_workers: int | None) -> int:
+    """``num_workers``, or when ``None`` the count that reads ``dataset`` fastest as a rule: none
+    for batches of plain columns, read in this process on threads (handing a batch over from a
+    worker costs more than reading it), and for a dataset that runs Python on every batch (a
+    transform, a collate of its own, images or video to decode) one process per core this rank
+    has beside its trainer (``LOCAL_WORLD_SIZE`` ranks share the machine), 1 to ``MOST_WORKERS``."""
+    if num_workers is not None:
+        check_count("num_workers", num_workers)
+        return num_workers
+    workers = default_workers(runs_python(dataset))
+    if workers:
+        try:
+            pickle.dumps(dataset)
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            warnings.warn(
+                f"this dataset runs Python on every batch, which DataLoader worker processes would run beside the "
+                f"trainer, but it does not pickle ({error}), so it is read in this process; define its transform "
+                "or collate at a module's top level (not a lambda or a local function) to read it in workers",
+                stacklevel=3,
+            )
+            return 0
+    return workers
+
+
+def default_workers(python: bool) -> int:
+    """``workers_for``'s count for a dataset that runs Python on every batch (``python``) or not."""
+    if not python:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(MOST_WORKERS, cores // ranks - 1))
+
+
+def runs_python(dataset: Any) -> bool:
+    """Whether ``dataset`` runs Python on every batch: a transform, a collate other than
+    ``to_torch``, media to decode; a ``Mixture``'s or ``WindowDataset``'s, whether one of its tables does."""
+    parts = [*getattr(dataset, "tables", ()), *filter(None, [getattr(dataset, "table", None)])]
+    spec = getattr(dataset, "spec", None)
+    return (
+        getattr(dataset, "transform", None) is not None
+        or getattr(dataset, "collate", to_torch) not in (to_torch, None)
+        or bool(getattr(spec, "media", ()))
+        or any(runs_python(part) for part in parts)
+    )
 
 
 def loader_options(num_workers: int, options: Mapping[str, Any], dataset: Any) -> dict[str, Any]:

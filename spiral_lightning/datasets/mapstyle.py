@@ -23,7 +23,7 @@ from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import check_read_threads
-from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning
+from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
 from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.ahead import default_read_threads
 from spiral_lightning.reading.tensors import NullError, Nulls, check_nulls, to_torch
@@ -114,16 +114,14 @@ class TableMapDataset(Dataset[Any]):
         self._opened = threading.local()
 
     def loader(
-        self, batch_size: int, num_workers: int = 0, *, shuffle: bool = False, seed: int = 0, **options: Any
+        self, batch_size: int, num_workers: int | None = None, *, shuffle: bool = False, seed: int = 0, **options: Any
     ) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` of ``batch_size`` rows per batch (stacked by torch's default
         collate), this rank's share of the indices drawn by torchdata's
         ``StatefulDistributedSampler`` (rank and world size from ``torch.distributed`` when it is
         initialized; a new order each epoch with ``shuffle``, set by ``loader.sampler.set_epoch``),
-        read by ``num_workers`` workers started by ``forkserver``, persistent and sending batches by
-        shared-memory name. ``options`` go to the loader and override these."""
-        # Imported here: the loader module builds on this one.
-
+        read by ``num_workers`` workers started by ``forkserver`` (by default ``loader.workers_for``'s),
+        persistent. ``options`` go to the loader and override these."""
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         sampler = StatefulDistributedSampler(
             self,
@@ -132,7 +130,7 @@ class TableMapDataset(Dataset[Any]):
             shuffle=shuffle,
             seed=seed,
         )
-        settings = loader_options(num_workers, options, self)
+        settings = loader_options(workers_for(self, num_workers), options, self)
         with without_set_vital_warning():
             loader: StatefulDataLoader = Loader(self, batch_size=batch_size, sampler=sampler, **settings)
         return loader

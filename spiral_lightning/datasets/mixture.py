@@ -29,7 +29,7 @@ from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import check_same_topology
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
-from spiral_lightning.datasets.loader import batch_loader
+from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
@@ -169,11 +169,12 @@ class Mixture(IterableDataset[Any]):
         """The mixture epoch read (see ``set_epoch``)."""
         return int(self._epoch[0])
 
-    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+    def loader(self, num_workers: int | None = None, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches
         as they are (``batch_size=None``), ``num_workers`` workers started by ``forkserver`` and
         persistent, as ``TableDataset.loader`` makes them; ``options`` go to the loader and
         override these."""
+        num_workers = workers_for(self, num_workers)
         for table in self.tables:
             table.check_shares(num_workers)
         return batch_loader(self, num_workers, options)

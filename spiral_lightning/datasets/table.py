@@ -19,7 +19,7 @@ from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Consumer
-from spiral_lightning.datasets.loader import TableLoader, loader_options
+from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
@@ -162,11 +162,11 @@ class TableDataset(Consumer, IterableDataset[Any]):
                 "so last='require_full' would fail on every consumer; round the quota down to a multiple"
             )
 
-    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+    def loader(self, num_workers: int | None = None, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches as
-        they are (``batch_size=None``), ``num_workers`` persistent workers started by
-        ``forkserver``, ``len`` in batches; ``options`` override these (``pin_memory=True``)."""
-        self.check_shares(num_workers)
+        they are (``batch_size=None``), ``num_workers`` persistent workers started by ``forkserver``
+        (by default ``loader.workers_for``'s), ``len`` in batches; ``options`` override these."""
+        self.check_shares(num_workers := workers_for(self, num_workers))
         loader: StatefulDataLoader = TableLoader(self, **loader_options(num_workers, options, self))
         return loader
 

@@ -35,7 +35,7 @@ from spiral_lightning.core.plan import Policy, Shard, WorkItem, fingerprint
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_same_topology, check_saved
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
-from spiral_lightning.datasets.loader import batch_loader
+from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic import replan, share_of
 from spiral_lightning.planning.lineage import Lineage, Remainder, check_lineage
@@ -298,12 +298,12 @@ class WindowDataset(IterableDataset[Any]):
         """The epoch whose work lists are read."""
         return self.table.epoch
 
-    def loader(self, num_workers: int = 0, **options: Any) -> StatefulDataLoader:
+    def loader(self, num_workers: int | None = None, **options: Any) -> StatefulDataLoader:
         """A ``StatefulDataLoader`` that reads this dataset as it must be read: its own batches
         as they are (``batch_size=None``), ``num_workers`` workers started by ``forkserver`` and
         persistent, as ``TableDataset.loader`` makes them; ``options`` go to the loader and
         override these."""
-        self.table.check_shares(num_workers)
+        self.table.check_shares(num_workers := workers_for(self, num_workers))
         return batch_loader(self, num_workers, options)
 
     def set_epoch(self, epoch: int) -> None:

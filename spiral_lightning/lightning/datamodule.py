@@ -17,7 +17,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
 from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
-from spiral_lightning.datasets.loader import WORKER_TIMEOUT
+from spiral_lightning.datasets.loader import WORKER_TIMEOUT, default_workers
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
@@ -70,7 +70,8 @@ class SpiralDataModule(pl.LightningDataModule):
         columns: The columns every stage reads (each spec's own when ``None``).
         filter: The rows every stage keeps: text such as ``"label < 2"`` or a spiral expression.
         batch_size: Rows a batch (packed blocks a batch with ``packing``).
-        num_workers: DataLoader workers a rank, started by ``forkserver``; 0 reads in process.
+        num_workers: DataLoader workers a rank, started by ``forkserver``; 0 reads in process;
+            ``None`` (the default): 0 for plain columns, processes with a transform or media.
         policy: ``"balanced"`` (the default), ``"stripe"``, ``"shuffled"``, ``"module.function"``.
         shuffle: Read the train table in a new, well-mixed order every epoch, drawn from
             ``seed`` (see ``TableDataset``); the other stages keep ``policy``.
@@ -102,7 +103,7 @@ class SpiralDataModule(pl.LightningDataModule):
         columns: list[str] | None = None,
         filter: Any = None,
         batch_size: int = 256,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         policy: str | Policy | None = None,
         shuffle: bool = False,
         seed: int = 0,
@@ -129,7 +130,6 @@ class SpiralDataModule(pl.LightningDataModule):
             )
         self.packing = packing
         check_positive("batch_size", batch_size)
-        check_count("num_workers", num_workers)
         if last not in LAST_MODES:
             raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
         check_read_ahead(read_ahead)
@@ -145,7 +145,9 @@ class SpiralDataModule(pl.LightningDataModule):
             if table is not None:
                 self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        runs_python = transform is not None or any(spec.media for spec in self.tables.values())
+        self.num_workers = num_workers = default_workers(runs_python) if num_workers is None else num_workers
+        check_count("num_workers", num_workers)
         if shuffle and policy is not None:
             raise ValueError(
                 f"shuffle=True chooses the train table's policy (a Shuffled sized for the table), so it cannot be "
@@ -165,10 +167,7 @@ class SpiralDataModule(pl.LightningDataModule):
                 f"access must be 'iterable' or 'map' (given {access!r}) and missing_position one of "
                 f"{MISSING_POSITION} (given {missing_position!r})"
             )
-        self.missing_position = missing_position
-        self.timeout = timeout
-        self.access = access
-        self.seed = seed
+        self.missing_position, self.timeout, self.access, self.seed = missing_position, timeout, access, seed
         self.transform = transform
         self.stall_meter = stall_meter
         # Lightning warns that an IterableDataset's length "could be inaccurate"; a SpiralLoader's is exact.
