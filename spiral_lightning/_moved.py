@@ -89,6 +89,13 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the alias looks its names up when they are read."""
 
+    def get_code(self, fullname: str) -> Any:
+        """What ``python -m <old path>`` runs: the first new module, as ``python -m`` would run it
+        (``python -m spiral_lightning.cli fit ...`` still trains)."""
+        target = MOVED[fullname][0]
+        source = f"import runpy\nrunpy.run_module({target!r}, run_name='__main__', alter_sys=True)"
+        return compile(source, fullname, "exec")
+
 
 def install() -> None:
     """Make the old paths importable (once per process)."""

@@ -79,3 +79,11 @@ def test_a_config_naming_an_old_class_path_still_builds_the_model() -> None:
     )
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "spiral_lightning.demos.tabular"
+
+
+def test_an_old_module_path_still_runs_with_python_m() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "spiral_lightning.cli", "bench", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: spiral-lightning bench")
