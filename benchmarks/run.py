@@ -173,6 +173,21 @@ BENCHMARKS = [
         ],
     ),
     Benchmark(
+        "peers",
+        # Small: with every peer installed the slowest (MosaicML Streaming, a few thousand rows/s in
+        # process) and the fixed costs (LitData's worker start, Ray's start) keep it under two minutes.
+        ["--rows", "50000", "--repeats", "3", "--path-seconds", "5"],
+        [
+            # No result where Lance is not installed (scripts/install-peers.sh installs it).
+            Target(
+                "TableDataset on Parquet in process >= 1.0x Lance `to_batches`",
+                r"^`TableDataset` on Parquet, in process$",
+                "vs Lance to_batches",
+                1.0,
+            )
+        ],
+    ),
+    Benchmark(
         "resume_cost",
         ["--repeats", "3"],
         [

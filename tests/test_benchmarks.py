@@ -1,4 +1,4 @@
-"""The benchmarks stay runnable: the planning and packing benchmarks run at a small size and print
+"""The benchmarks stay runnable: the planning, packing and peers benchmarks run at a small size and print
 every target row and path."""
 
 from __future__ import annotations
@@ -35,3 +35,24 @@ def test_the_packing_benchmark_runs_and_prints_every_path() -> None:
         "| `PackedDataset(separator=0)`",
     ]
     assert "target PackedDataset >= 0.7x the raw scan" in done.stdout
+
+
+def test_the_peers_benchmark_runs_and_prints_every_path() -> None:
+    # Every peer skipped: they may be installed here (scripts/install-peers.sh), and their
+    # conversions and starts take a minute; this project's paths and the raw pyarrow one still run.
+    command = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--rows", "4000", "--repeats", "1"]
+    done = subprocess.run([*command, "--skip", "lance", "litdata", "streaming", "ray"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")]
+    paths = {cells[0].removeprefix("| "): cells[3] for cells in rows if len(cells) == 6}
+    measured = [path for path, rate in paths.items() if rate[0].isdigit()]
+    assert measured == [
+        "`TableDataset` on Parquet, in process",
+        "`TableDataset` on Spiral, in process",
+        "pyarrow `ParquetFile.iter_batches` + `torch.from_numpy`, in process",
+        "`TableDataset` on Parquet, `loader(num_workers=2)`, 2nd+ epoch",
+        "`TableDataset` on Spiral, `loader(num_workers=2)`, 2nd+ epoch",
+    ]
+    # The skipped peers still have their rows, saying so.
+    assert sum(rate == "skipped (`--skip`)" for rate in paths.values()) == 5
+    assert "no result (Lance did not run)" in done.stdout
