@@ -36,7 +36,14 @@ def check_rows(batches: list[dict[str, torch.Tensor]], rows: int) -> None:
         assert torch.equal(batch["v"][:, 0], batch["id"].to(torch.float32) * 4)
 
 
-def test_a_pooled_batch_pickles_small_and_rebuilds_the_same_tensors() -> None:
+@pytest.fixture
+def own_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool and a table of received pools of this test's own, as a worker and a loader have."""
+    monkeypatch.setattr(blocks, "_pool", None)
+    monkeypatch.setattr(blocks, "_mapped", {})
+
+
+def test_a_pooled_batch_pickles_small_and_rebuilds_the_same_tensors(own_pool: None) -> None:
     batch = {
         "id": torch.arange(300, dtype=torch.int64),
         "x": torch.linspace(0, 1, 300),
@@ -60,7 +67,7 @@ def test_a_pooled_batch_pickles_small_and_rebuilds_the_same_tensors() -> None:
     assert len(ForkingPickler.dumps(sent)) < 1000
 
 
-def test_a_block_is_free_again_only_when_every_tensor_of_its_batch_is_gone() -> None:
+def test_a_block_is_free_again_only_when_every_tensor_of_its_batch_is_gone(own_pool: None) -> None:
     batch = {"id": torch.arange(1000), "x": torch.zeros(1000)}
     sent = blocks.pooled(batch, batch.values())
     assert sent is not None
@@ -88,6 +95,25 @@ def test_a_block_is_free_again_only_when_every_tensor_of_its_batch_is_gone() -> 
     del copied
     gc.collect()
     assert pool.flags[other] == 1
+
+
+def test_a_pool_of_large_batches_stops_growing_at_its_byte_budget(
+    own_pool: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blocks, "MAX_POOL_BYTES", 1 << 20)
+    batch = {"x": torch.zeros(300_000, dtype=torch.uint8)}
+    held = [blocks.pooled(batch, batch.values()) for _ in range(6)]
+    # FEW_BLOCKS blocks whatever their size; past them, none that would take the pool over its budget.
+    assert [sent is not None for sent in held] == [True] * blocks.FEW_BLOCKS + [False] * 2
+    small = {"x": torch.zeros(1000, dtype=torch.uint8)}
+    assert blocks.pooled(small, small.values()) is None
+    freed = held.pop(0)
+    assert freed is not None
+    index = freed.lease.index
+    del freed
+    gc.collect()
+    reused = blocks.pooled(small, small.values())
+    assert reused is not None and reused.lease.index == index
 
 
 @pytest.mark.slow

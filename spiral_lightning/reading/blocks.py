@@ -29,6 +29,11 @@ import torch
 #: worker) and the few the trainer holds; more are batches a user keeps, each of which then holds a
 #: block of its own.
 MAX_BLOCKS = 16
+#: Bytes a worker's blocks hold at most once it has ``FEW_BLOCKS``: a pool lives as long as its
+#: worker, so batches of images a user once kept must not pin gigabytes for the rest of a run.
+MAX_POOL_BYTES = 512 << 20
+#: Blocks a pool may make whatever their size: the prefetched batches and those the trainer holds.
+FEW_BLOCKS = 4
 #: Where each tensor starts in a block: a multiple of every dtype's size and of a cache line.
 ALIGN = 64
 #: Flag values, one byte per block: set by the main process, read by the worker.
@@ -61,16 +66,18 @@ class _Pool:
 
     def block_for(self, size: int) -> int | None:
         """The index of a free block of at least ``size`` bytes, now busy; a new or larger block
-        when none is free and the pool may grow; ``None`` when every block is busy."""
+        when none is free and the pool may grow (``FEW_BLOCKS``, then ``MAX_BLOCKS`` within
+        ``MAX_POOL_BYTES``); ``None`` when it may not (the batch then goes in a block of its own)."""
         free = [index for index in range(len(self.blocks)) if self.flags[index] == _FREE]
         fitting = [index for index in free if len(self.blocks[index]) >= size]
+        held = sum(len(block) for block in self.blocks)
         if fitting:
             index = min(fitting, key=lambda index: len(self.blocks[index]))
-        elif len(self.blocks) < MAX_BLOCKS:
+        elif len(self.blocks) < FEW_BLOCKS or (len(self.blocks) < MAX_BLOCKS and held + size <= MAX_POOL_BYTES):
             index = len(self.blocks)
             self.storages.append(None)
             self.blocks.append(np.empty(0, dtype=np.uint8))
-        elif free:
+        elif free and held - len(self.blocks[free[0]]) + size <= max(MAX_POOL_BYTES, size * FEW_BLOCKS):
             index = free[0]
         else:
             return None
