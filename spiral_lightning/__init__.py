@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from spiral_lightning.datasets.mixture import Mixture
     from spiral_lightning.datasets.packing import PackedDataset
     from spiral_lightning.datasets.stall import StallMeter
+    from spiral_lightning.datasets.stuck import WorkerTimeout as WorkerTimeout
     from spiral_lightning.datasets.table import TableDataset
     from spiral_lightning.datasets.windows import WindowDataset, Windows
     from spiral_lightning.lightning.datamodule import SpiralDataModule
@@ -50,12 +51,15 @@ if TYPE_CHECKING:
     from spiral_lightning.reading.tensors import Nulls as Nulls
     from spiral_lightning.reading.tensors import to_torch as to_torch
     from spiral_lightning.reading.transfer import send_by_name as send_by_name
+    from spiral_lightning.sources.damage import DamagedData as DamagedData
     from spiral_lightning.sources.ingest_files import ingest_files
+    from spiral_lightning.sources.retry import StoreUnavailable as StoreUnavailable
     from spiral_lightning.sources.write import write_table
 
 #: Each public name and the module that defines it.
 _HOMES = {
     "Cursor": "core.state",
+    "DamagedData": "sources.damage",
     "DataStallMeter": "lightning.stall",
     "FrameIndices": "core.media",
     "FrameNeighborhood": "core.media",
@@ -76,6 +80,7 @@ _HOMES = {
     "Split": "core.plan",
     "StallMeter": "datasets.stall",
     "State": "core.state",
+    "StoreUnavailable": "sources.retry",
     "TableDataset": "datasets.table",
     "TableMapDataset": "datasets.mapstyle",
     "TableSpec": "core.spec",
@@ -84,6 +89,7 @@ _HOMES = {
     "WindowDataset": "datasets.windows",
     "Windows": "datasets.windows",
     "WorkItem": "core.plan",
+    "WorkerTimeout": "datasets.stuck",
     "balanced": "planning.policies",
     "ingest_files": "sources.ingest_files",
     "ingest_images": "media.ingest",
@@ -95,7 +101,8 @@ _HOMES = {
 }
 
 #: What users build. The other names of ``_HOMES`` (cursors, states, plan values, the loader
-#: class, tensor helpers) stay importable from here, and from their modules.
+#: class, tensor helpers, and the errors a run may meet: ``DamagedData``, ``StoreUnavailable``,
+#: ``WorkerTimeout``) stay importable from here, and from their modules.
 __all__ = [
     "DataStallMeter",
     "FrameIndices",

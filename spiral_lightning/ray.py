@@ -10,13 +10,7 @@
 the workers report. Needs the ``ray`` extra.
 """
 
-from ray_adapter import TableDatasource, read_table, restore_loader_state, save_loader_state, state_file, train_loader
+import ray_adapter
+from ray_adapter import *  # noqa: F403  (this alias serves ray_adapter's public names, whatever they are)
 
-__all__ = [
-    "TableDatasource",
-    "read_table",
-    "restore_loader_state",
-    "save_loader_state",
-    "state_file",
-    "train_loader",
-]
+__all__ = list(ray_adapter.__all__)

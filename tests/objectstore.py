@@ -19,6 +19,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -324,24 +325,19 @@ class _RequestParser:
                 self._state = "head"
 
 
-class LatencyProxy:
-    """A TCP proxy on 127.0.0.1 that delivers every chunk ``delay`` seconds after it arrives, in each direction.
+class _LoopProxy(ABC):
+    """A proxy on 127.0.0.1 to ``target_host:target_port`` whose connections an asyncio loop serves on a thread
+    of its own (``_handle`` each). ``start`` runs the loop and listens, ``stop`` closes the listener, cancels every
+    connection's task and ends the thread; it is also a context manager that does both."""
 
-    Chunks are pipelined: each is written at its arrival time plus ``delay``, in order, so delays do not add up
-    along a stream. Connection setup is free unless ``connect_delay`` holds back the first client bytes (one
-    round trip, ``2 * delay``, mimics TCP's handshake). Counts connections and the HTTP requests sent through it
-    by method (request heads parsed from the client's bytes). Runs an asyncio loop in a background thread.
-    """
+    #: The name of the loop's thread, as a stack dump of a hung test shows it.
+    thread_name = "proxy"
 
-    def __init__(self, target_host: str, target_port: int, delay: float = 0.020, connect_delay: float = 0.0) -> None:
+    def __init__(self, target_host: str, target_port: int) -> None:
         self.target_host = target_host
         self.target_port = target_port
-        self.delay = delay
-        self.connect_delay = connect_delay
         self.port = 0
         self._lock = threading.Lock()
-        self._requests: collections.Counter[str] = collections.Counter()
-        self._connections = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -351,35 +347,14 @@ class LatencyProxy:
         """``http://127.0.0.1:PORT`` of the proxy."""
         return f"http://{HOST}:{self.port}"
 
-    @property
-    def requests(self) -> collections.Counter[str]:
-        """A copy of the request counts by method since the start or the last ``reset()``."""
-        with self._lock:
-            return collections.Counter(self._requests)
-
-    @property
-    def connections(self) -> int:
-        """Client connections accepted since the start or the last ``reset()``."""
-        with self._lock:
-            return self._connections
-
-    def reset(self) -> None:
-        """Zeroes the request and connection counts."""
-        with self._lock:
-            self._requests.clear()
-            self._connections = 0
-
     def start(self) -> Self:
         """Starts listening."""
         if self._loop is not None:
             raise RuntimeError("the proxy is already started")
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="latency-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=self.thread_name, daemon=True)
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, HOST, 0), self._loop
-        ).result()
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._call(self._listen())
         return self
 
     def stop(self) -> None:
@@ -401,13 +376,64 @@ class LatencyProxy:
     ) -> None:
         self.stop()
 
+    def _call(self, coroutine: Any) -> Any:
+        """What ``coroutine`` returns, run on the proxy's loop."""
+        assert self._loop is not None, "the proxy is not started"
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+
+    async def _listen(self) -> None:
+        """Listens on ``port``, a free one while it is 0 (then kept: listening again reuses it)."""
+        self._server = await asyncio.start_server(self._handle, HOST, self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
     async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    @abstractmethod
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        """Serves one client connection."""
+
+
+class LatencyProxy(_LoopProxy):
+    """A TCP proxy on 127.0.0.1 that delivers every chunk ``delay`` seconds after it arrives, in each direction.
+
+    Chunks are pipelined: each is written at its arrival time plus ``delay``, in order, so delays do not add up
+    along a stream. Connection setup is free unless ``connect_delay`` holds back the first client bytes (one
+    round trip, ``2 * delay``, mimics TCP's handshake). Counts connections and the HTTP requests sent through it
+    by method (request heads parsed from the client's bytes). Runs an asyncio loop in a background thread.
+    """
+
+    thread_name = "latency-proxy"
+
+    def __init__(self, target_host: str, target_port: int, delay: float = 0.020, connect_delay: float = 0.0) -> None:
+        super().__init__(target_host, target_port)
+        self.delay = delay
+        self.connect_delay = connect_delay
+        self._requests: collections.Counter[str] = collections.Counter()
+        self._connections = 0
+
+    @property
+    def requests(self) -> collections.Counter[str]:
+        """A copy of the request counts by method since the start or the last ``reset()``."""
+        with self._lock:
+            return collections.Counter(self._requests)
+
+    @property
+    def connections(self) -> int:
+        """Client connections accepted since the start or the last ``reset()``."""
+        with self._lock:
+            return self._connections
+
+    def reset(self) -> None:
+        """Zeroes the request and connection counts."""
+        with self._lock:
+            self._requests.clear()
+            self._connections = 0
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         accepted = asyncio.get_running_loop().time()
@@ -504,7 +530,7 @@ class _Fault:
         return True
 
 
-class FaultProxy:
+class FaultProxy(_LoopProxy):
     """An HTTP/1.1 proxy on 127.0.0.1 in front of an S3 server that injects the faults a store and its
     network produce, on command, while forwarding everything else unchanged.
 
@@ -523,23 +549,15 @@ class FaultProxy:
     ``faults`` the faults injected by kind. Whole bodies pass through memory: for tests, not for benchmarks.
     """
 
+    thread_name = "fault-proxy"
+
     def __init__(self, target_host: str, target_port: int) -> None:
-        self.target_host = target_host
-        self.target_port = target_port
-        self.port = 0
-        self._lock = threading.Lock()
+        super().__init__(target_host, target_port)
         self._requests: collections.Counter[str] = collections.Counter()
         self._faults: collections.Counter[str] = collections.Counter()
         self._plan: list[_Fault] = []
         self._stalled_until = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.Server | None = None
         self._transports: set[asyncio.BaseTransport] = set()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
 
     @property
     def requests(self) -> collections.Counter[str]:
@@ -550,33 +568,6 @@ class FaultProxy:
     def faults(self) -> collections.Counter[str]:
         with self._lock:
             return collections.Counter(self._faults)
-
-    def start(self) -> Self:
-        if self._loop is not None:
-            raise RuntimeError("the proxy is already started")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
-        self._thread.start()
-        self._call(self._listen())
-        return self
-
-    def stop(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        assert self._thread is not None
-        self._thread.join(timeout=10)
-        loop.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def down(self, seconds: float) -> None:
         """Refuse connections and reset open ones for ``seconds``, from now; returns at once."""
@@ -630,14 +621,6 @@ class FaultProxy:
                     return fault
         return None
 
-    def _call(self, coroutine: Any) -> Any:
-        assert self._loop is not None, "the proxy is not started"
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
-
-    async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._handle, HOST, self.port, reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
-
     async def _go_down(self, seconds: float) -> None:
         assert self._server is not None
         self._server.close()
@@ -653,14 +636,10 @@ class FaultProxy:
         asyncio.get_running_loop().create_task(back())
 
     async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        # A stalled connection's task may be cancelled mid-write: its peer must see the reset at once.
         for transport in list(self._transports):
             transport.abort()
-        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await super()._shutdown()
 
     async def _flowing(self) -> None:
         while (wait := self._stalled_until - time.monotonic()) > 0:

@@ -47,6 +47,23 @@ def drain(iterator: Iterator[Any]) -> int:
     return sum(1 for _ in iterator)
 
 
+@contextlib.contextmanager
+def stopped_worker(iterator: Any, worker: int) -> Iterator[list[int]]:
+    """Worker ``worker`` of a loader's ``iterator`` stopped (SIGSTOP) for the block, which gets every worker's
+    pid; on leaving, each worker is woken (SIGCONT: a stopped process cannot act on the shut-down) and shut
+    down, and, when the block passed, none is found still stopped."""
+    pids = worker_pids(iterator)
+    os.kill(pids[worker], signal.SIGSTOP)
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        iterator._shutdown_workers()
+    assert not [pid for pid in pids if stopped(pid)]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_stopped_worker_fails_the_loader_naming_the_worker_its_rank_and_its_work_item(
     make_table: Callable[..., TableSpec], rank: int
@@ -56,32 +73,24 @@ def test_a_stopped_worker_fails_the_loader_naming_the_worker_its_rank_and_its_wo
     loader = dataset.loader(num_workers=2, timeout=TIMEOUT)
     assert isinstance(loader, Loader) and loader.timeout == TIMEOUT
     iterator = iter(loader)
-    pids = worker_pids(iterator)
-    try:
-        for _ in range(5):  # mid-epoch: both workers started and delivered
-            next(iterator)
-        os.kill(pids[1], signal.SIGSTOP)
+    for _ in range(5):  # mid-epoch: both workers started and delivered
+        next(iterator)
+    with stopped_worker(iterator, 1) as pids:
         started = time.monotonic()
         with pytest.raises(WorkerTimeout) as caught:
             drain(iterator)
         waited = time.monotonic() - started
-        message = str(caught.value)
-        assert f"DataLoader worker 1 (pid {pids[1]}) of rank {rank} sent no batch for 3 s" in message, message
-        assert "its process is stopped (SIGSTOP" in message, message
-        assert f"It was to read next, in {spec.uri!r}: work item " in message
-        assert re.search(
-            r"work item \d+ of its list \(split \d+, stored rows \d+\.\.\d+\) at stored row \d+(, skip \d+)?, epoch 0 ",
-            message,
-        ), message
-        assert "timeout=" in message
-        # The batches already in flight come first; then the wait is the timeout, not forever.
-        assert TIMEOUT - 0.5 <= waited < TIMEOUT + 20, waited
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        iterator._shutdown_workers()
-    assert not [pid for pid in pids if stopped(pid)]
+    message = str(caught.value)
+    assert f"DataLoader worker 1 (pid {pids[1]}) of rank {rank} sent no batch for 3 s" in message, message
+    assert "its process is stopped (SIGSTOP" in message, message
+    assert f"It was to read next, in {spec.uri!r}: work item " in message
+    assert re.search(
+        r"work item \d+ of its list \(split \d+, stored rows \d+\.\.\d+\) at stored row \d+(, skip \d+)?, epoch 0 ",
+        message,
+    ), message
+    assert "timeout=" in message
+    # The batches already in flight come first; then the wait is the timeout, not forever.
+    assert TIMEOUT - 0.5 <= waited < TIMEOUT + 20, waited
 
 
 def test_a_stopped_map_style_worker_is_named_with_the_samplers_rank(make_table: Callable[..., TableSpec]) -> None:
@@ -90,22 +99,13 @@ def test_a_stopped_map_style_worker_is_named_with_the_samplers_rank(make_table: 
     sampler = StatefulDistributedSampler(dataset, num_replicas=2, rank=1, shuffle=False)
     settings = loader_options(2, {"timeout": TIMEOUT}, dataset)
     iterator = iter(Loader(dataset, batch_size=50, sampler=sampler, **settings))
-    pids = worker_pids(iterator)
-    try:
-        for _ in range(5):
-            next(iterator)
-        os.kill(pids[0], signal.SIGSTOP)
-        with pytest.raises(WorkerTimeout) as caught:
-            drain(iterator)
-        message = str(caught.value)
-        assert f"DataLoader worker 0 (pid {pids[0]}) of rank 1 sent no batch for 3 s" in message, message
-        assert "the main process keeps no position for it (a map-style worker" in message
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        iterator._shutdown_workers()
-    assert not [pid for pid in pids if stopped(pid)]
+    for _ in range(5):
+        next(iterator)
+    with stopped_worker(iterator, 0) as pids, pytest.raises(WorkerTimeout) as caught:
+        drain(iterator)
+    message = str(caught.value)
+    assert f"DataLoader worker 0 (pid {pids[0]}) of rank 1 sent no batch for 3 s" in message, message
+    assert "the main process keeps no position for it (a map-style worker" in message
 
 
 def test_a_worker_that_dies_is_found_within_seconds_under_the_default_timeout(

@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import spiral_lightning
+from spiral_lightning.datasets.stuck import WorkerTimeout
+from spiral_lightning.sources.damage import DamagedData
+from spiral_lightning.sources.retry import StoreUnavailable
+
 PACKAGE = Path(__file__).parent.parent / "spiral_lightning"
 RAY = PACKAGE.parent / "ray_adapter"
 
@@ -124,10 +129,26 @@ def test_importing_the_package_and_its_datasets_loads_nothing_heavy() -> None:
     code = (
         "import sys, spiral_lightning\n"
         "from spiral_lightning import TableDataset, TableSpec, Mixture, WindowDataset, PackedDataset\n"
+        "from spiral_lightning import DamagedData, StoreUnavailable, WorkerTimeout\n"
         f"print([name for name in {heavy!r} if name in sys.modules])"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_the_errors_a_run_may_meet_are_served_by_the_package_but_not_listed_as_built() -> None:
+    for error in (DamagedData, StoreUnavailable, WorkerTimeout):
+        assert getattr(spiral_lightning, error.__name__) is error
+        assert error.__name__ in dir(spiral_lightning) and error.__name__ not in spiral_lightning.__all__
+
+
+def test_spiral_lightning_ray_serves_exactly_ray_adapters_names() -> None:
+    # Imported here: Ray's import takes seconds that the other tests of this file do without.
+    import ray_adapter
+    import spiral_lightning.ray
+
+    assert spiral_lightning.ray.__all__ == ray_adapter.__all__
+    assert all(getattr(spiral_lightning.ray, name) is getattr(ray_adapter, name) for name in ray_adapter.__all__)
 
 
 def test_a_demo_table_loads_neither_lightning_nor_a_model() -> None:

@@ -44,7 +44,7 @@ def table(s3_server: S3Server) -> str:
     return f"parquet:s3://{name}/t"
 
 
-def dataset(server: S3Server, uri: str, proxy: FaultProxy, **options: Any) -> TableDataset:
+def spec(server: S3Server, uri: str, proxy: FaultProxy, **options: Any) -> TableSpec:
     store = {
         "aws_endpoint": proxy.endpoint,
         "allow_http": True,
@@ -53,7 +53,11 @@ def dataset(server: S3Server, uri: str, proxy: FaultProxy, **options: Any) -> Ta
         **options,
     }
     # One row group fetched ahead: most of the epoch's requests are still to come when the fault starts.
-    return TableDataset(TableSpec(uri, storage_options=store, prefetch=1), batch_size=GROUP_ROWS)
+    return TableSpec(uri, storage_options=store, prefetch=1)
+
+
+def dataset(server: S3Server, uri: str, proxy: FaultProxy, **options: Any) -> TableDataset:
+    return TableDataset(spec(server, uri, proxy, **options), batch_size=GROUP_ROWS)
 
 
 def batches(data: TableDataset, workers: int) -> Iterable[dict[str, Any]]:
@@ -141,6 +145,29 @@ def test_an_outage_longer_than_retry_seconds_fails_clearly_through_workers(s3_se
         said = r"did not serve .* over [\d.]+ s \(storage option retry_seconds=1\)"
         with pytest.raises(StoreUnavailable, match=said):
             epoch(loader, lambda: proxy.down(8))
+
+
+def test_pinning_rides_out_a_store_down_as_the_job_starts_and_fails_clearly_past_retry_seconds(
+    s3_server: S3Server, table: str
+) -> None:
+    with FaultProxy(s3_server.host, s3_server.port) as proxy:
+        proxy.down(3)
+        started = time.monotonic()
+        pinned = spec(s3_server, table, proxy).resolve()
+        assert time.monotonic() - started >= 2.5
+        assert [file.row_groups for file in pinned.files or ()] == [(GROUP_ROWS,) * GROUPS] * FILES
+        # The footers' requests too: each file is opened (a HEAD) after the listing, and refused for 2 s.
+        proxy.fail(503, seconds=2, methods=("HEAD",))
+        assert spec(s3_server, table, proxy).resolve().files == pinned.files
+        assert proxy.faults["status"] > 0
+        proxy.down(6)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as raised:
+            spec(s3_server, table, proxy, retry_seconds=1).resolve()
+        assert time.monotonic() - started < 6
+    said = str(raised.value)
+    assert f"the object store of {table!r} did not serve the listing" in said and "retry_seconds=1)" in said, said
+    assert "cannot reach the object store" in said and "check the endpoint" in said
 
 
 @pytest.mark.slow

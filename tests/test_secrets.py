@@ -62,6 +62,25 @@ def test_a_query_refusal_still_names_the_table_and_the_fields() -> None:
         TableSpec(f"spiral:/t?resource_id=a&version_id=b&x={TOKEN}").resolve()
 
 
+@pytest.mark.parametrize(
+    "uri",
+    [
+        f"spiral:/data/t?resource_id=r1&version_id=v2&token={TOKEN}",
+        f"sds:/data/root?dataset=d&X-Amz-Security-Token={TOKEN}",
+        f"spiral://project/table#{TOKEN}",
+    ],
+)
+def test_a_specs_repr_masks_the_secrets_of_its_uri_and_shows_the_rest(uri: str) -> None:
+    # Such a spec is refused only when resolved; it is printed and logged before that.
+    spec = TableSpec(uri, columns=["id"])
+    shown = repr(spec)
+    assert TOKEN not in shown and TOKEN not in str([spec]), shown
+    assert shown.startswith(f"TableSpec(uri={masked(uri)!r}, columns=('id',), filter=None, ") and "***" in shown
+    assert repr(TableSpec("spiral:/data/t?resource_id=r1&version_id=v2")).startswith(
+        "TableSpec(uri='spiral:/data/t?resource_id=r1&version_id=v2', "
+    )
+
+
 def test_masked_keeps_what_names_a_table_and_hides_the_rest() -> None:
     assert masked("parquet:s3://bkt/prefix/t") == "parquet:s3://bkt/prefix/t"
     assert masked("spiral:/data/t?resource_id=r1&version_id=v2") == "spiral:/data/t?resource_id=r1&version_id=v2"
@@ -227,3 +246,24 @@ def test_storage_options_given_on_the_command_line_are_masked_in_the_saved_confi
     assert f"aws_access_key_id: {s3_server.access_key}" in text  # an id is no secret
     written: list[Any] = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert [path for path in written if s3_server.secret_key.encode() in path.read_bytes()] == []
+
+
+def test_print_config_shows_storage_options_given_on_the_command_line_masked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = {"aws_secret_access_key": "s3cr3t", "aws_access_key_id": "AKIDEXAMPLE"}
+    arguments = [
+        "fit",
+        "--model",
+        "spiral_lightning.demos.tabular.DemoModel",
+        "--data",
+        "spiral_lightning.SpiralDataModule",
+    ]
+    arguments += ["--data.train", "parquet:s3://bkt/t", "--data.storage_options", json.dumps(store), "--print_config"]
+    with pytest.raises(SystemExit) as exited:
+        main(arguments)
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert "s3cr3t" not in printed
+    assert "aws_secret_access_key: '***'" in printed and "aws_access_key_id: AKIDEXAMPLE" in printed, printed
+    assert "train: parquet:s3://bkt/t" in printed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,33 @@ def test_bytes_damaged_on_the_way_fail_their_crc_naming_the_object_and_row_group
         with pytest.raises(DamagedData, match=r"row group \d of '.*/t/part-00000\.parquet' of 'parquet:s3://.*CRC"):
             read_all(TableDataset(spec, batch_size=500))
         assert proxy.faults["flip"] == 1
+
+
+def test_damaged_bytes_in_the_cache_are_dropped_and_fetched_again(s3_server: S3Server, tmp_path: Path) -> None:
+    data = rows()
+    name = f"pages-{os.getpid()}-{next(_buckets)}"
+    s3_server.make_bucket(name)
+    folder = tmp_path / "cache"
+    with FaultProxy(s3_server.host, s3_server.port) as proxy:
+        store = options(s3_server, proxy.endpoint)
+        spec = write_table(f"parquet:s3://{name}/t", data.select(["id"]), split_rows=GROUP_ROWS, storage_options=store)
+        cached = TableDataset(replace(spec, cache_dir=str(folder), cache_bytes=1 << 30), batch_size=500)
+        # Damaged on the way, and kept in the cache as fetched: dropped when it fails, so the next pass reads.
+        proxy.flip(count=1)
+        with pytest.raises(DamagedData, match=r"CRC.*the stored bytes are damaged"):
+            read_all(cached)
+        assert read_all(cached) == list(range(ROWS))
+        # Damaged on the cache's disk: says so, then the next pass fetches that row group from the store again.
+        entries = sorted(glob.glob(str(folder / "*.bytes")))
+        assert len(entries) == ROWS // GROUP_ROWS
+        size = os.path.getsize(entries[3])
+        damage(entries[3], (size // 2, size // 2 + 1))
+        with pytest.raises(DamagedData, match=r"CRC.*the bytes came from the cache '.*', whose copy is now dropped"):
+            read_all(cached)
+        assert len(glob.glob(str(folder / "*.bytes"))) == ROWS // GROUP_ROWS - 1
+        fetched = proxy.requests["GET"]
+        assert read_all(cached) == list(range(ROWS))
+        assert proxy.requests["GET"] == fetched + 1
 
 
 def test_an_object_rewritten_in_the_middle_of_a_pass_is_a_change_not_rows(s3_server: S3Server) -> None:

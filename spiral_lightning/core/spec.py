@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 from spiral_lightning.core import storage
@@ -144,6 +144,13 @@ class TableSpec:
         if len(set(columns)) < len(columns):
             raise ValueError(f"padded names a column more than once: {columns}; give each column one Padded")
         object.__setattr__(self, "padded", tuple(padded))
+
+    def __repr__(self) -> str:
+        """The fields as a dataclass shows them, but the uri ``masked``: a secret in the query of a
+        ``spiral:`` or ``sds:`` uri is refused only when the spec is resolved, and a spec is logged
+        and printed before that."""
+        shown = (f"{field.name}={getattr(self, field.name)!r}" for field in fields(self) if field.name != "uri")
+        return f"{type(self).__name__}(uri={masked(self.uri)!r}, {', '.join(shown)})"
 
     @property
     def scheme(self) -> str:

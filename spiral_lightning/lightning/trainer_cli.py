@@ -24,13 +24,25 @@ BENCH_HELP = "Read a table for a few seconds under each loader setting; print ro
 
 class _Parser(LightningArgumentParser):
     """Lightning's parser, whose list of subcommands also names ``ingest`` and ``bench``, which
-    ``cli.main`` runs before Lightning parses anything."""
+    ``cli.main`` runs before Lightning parses anything, and whose ``--print_config`` shows every
+    secret masked, as ``SaveMaskedConfig`` saves it."""
 
     def add_subcommands(self, required: bool = True, dest: str = "subcommand", **kwargs: Any) -> ActionSubCommands:
         subcommands = super().add_subcommands(required, dest, **kwargs)
         subcommands.add_subcommand("ingest", ArgumentParser(description=INGEST_HELP), help=INGEST_HELP)
         subcommands.add_subcommand("bench", ArgumentParser(description=BENCH_HELP), help=BENCH_HELP)
         return subcommands
+
+    def dump(self, cfg: Namespace, *args: Any, **kwargs: Any) -> str:
+        """The config ``cfg`` as text; masked (``core.secrets.masked_config``) when ``--print_config``
+        asked for it. jsonargparse keeps that request on the top parser (``print_config``) until it
+        has printed and exited, and the subcommand's parser dumps what it prints. Other dumps stay
+        whole: Lightning hands its own dump to the model as the hyperparameters it was built with."""
+        parser: Any = self
+        while parser is not None and not hasattr(parser, "print_config"):
+            parser = getattr(parser, "parent_parser", None)
+        text: str = super().dump(cfg if parser is None else masked_config(cfg), *args, **kwargs)
+        return text
 
 
 class SaveMaskedConfig(SaveConfigCallback):

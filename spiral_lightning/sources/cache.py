@@ -67,6 +67,10 @@ class ByteCache:
             raise
         self._trim()
 
+    def drop(self, key: str) -> None:
+        """Forget the entry under ``key`` (bytes that did not decode), so the next read fetches again."""
+        (self.folder / f"{key}{_SUFFIX}").unlink(missing_ok=True)
+
     def _trim(self) -> None:
         entries = []
         for entry in os.scandir(self.folder):

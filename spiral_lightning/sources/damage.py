@@ -15,18 +15,20 @@ from spiral_lightning.sources.protocol import ReadBatch
 
 class DamagedData(OSError):
     """Stored bytes of a table that do not decode (damaged, or rewritten since the version was
-    pinned). The message names the table, the file or split, and the row group or rows."""
+    pinned), or a local cache's copy of them. The message names the table, the file or split, and
+    the row group or rows."""
 
 
-def damaged(uri: str, where: str, error: BaseException) -> DamagedData:
+#: What a ``DamagedData`` says to do, unless its bytes came from elsewhere than the table's files.
+RESTORE = "the stored bytes are damaged: restore the file or rewrite the table, then resume from the last state"
+
+
+def damaged(uri: str, where: str, error: BaseException, fix: str = RESTORE) -> DamagedData:
     """A ``DamagedData`` for ``error``, raised while decoding ``where`` (a file and row group, or a
-    split and rows) of the table ``uri``. Only the first line of the decoder's text is kept:
-    spiral-sdk appends a native backtrace."""
+    split and rows) of the table ``uri``, saying ``fix``. Only the first line of the decoder's text
+    is kept: spiral-sdk appends a native backtrace."""
     said = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return DamagedData(
-        f"cannot decode {where} of {uri!r}: {said} ({type(error).__name__}); the stored bytes are damaged: "
-        "restore the file or rewrite the table, then resume from the last state"
-    )
+    return DamagedData(f"cannot decode {where} of {uri!r}: {said} ({type(error).__name__}); {fix}")
 
 
 def located(

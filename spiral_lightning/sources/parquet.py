@@ -28,7 +28,6 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -37,7 +36,7 @@ from spiral_lightning.core.plan import Plan, WorkItem
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.sources.cache import ByteCache
-from spiral_lightning.sources.damage import damaged
+from spiral_lightning.sources.damage import RESTORE, damaged
 from spiral_lightning.sources.parquet_fetch import (
     CHUNK_PAD,
     HOLE_BYTES,
@@ -66,7 +65,7 @@ from spiral_lightning.sources.parquet_files import (
     same_file,
     version,
 )
-from spiral_lightning.sources.parquet_lake import Lake, partition_root
+from spiral_lightning.sources.parquet_lake import Lake, arrow_filter, partition_root
 from spiral_lightning.sources.parquet_write import write
 from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.sources.retry import Retry, ShortRead, passing
@@ -114,7 +113,7 @@ class ParquetSource:
             if unknown:
                 raise ValueError(f"unknown columns {unknown} in {spec.uri!r}; the table has {schema.names}")
         self._columns = list(spec.columns) if spec.columns is not None else schema.names
-        self._filter, self._filter_columns = _native_filter(spec.filter, schema)
+        self._filter, self._filter_columns = arrow_filter(spec.filter, schema)
         self._read_columns = self._columns + [name for name in self._filter_columns if name not in self._columns]
         self._lake.check(self._read_columns, spec.uri)
         self._schema, self._read_schema, self._filter_schema = (
@@ -202,9 +201,10 @@ class ParquetSource:
         if not same_file(self._location.filesystem.get_file_info(planned.path), planned):
             raise changed_error(self._spec, [f"changed {planned.path!r} while it was read"])
 
-    def _decoded(self, file: int, group: int, decode: Callable[[], T]) -> T:
-        """What ``decode`` decodes of row group ``group`` of file ``file``; a decoder's error says
-        where, once the file is found unchanged (a change is its own error)."""
+    def _decoded(self, file: int, group: int, decode: Callable[[], T], pending: Pending | None = None) -> T:
+        """What ``decode`` decodes of row group ``group`` of file ``file`` (its bytes ``pending``, from
+        an object store); a decoder's error says where, once the file is found unchanged (a change is
+        its own error), and drops the bytes from the cache, so that a later pass fetches them again."""
         try:
             return self._checked(file, decode)
         except (OSError, pa.ArrowInvalid) as error:
@@ -213,8 +213,16 @@ class ParquetSource:
                 raise
             if self._location.remote:
                 self._open_checked(file)
-            where = f"row group {group} of {self._planned[file].path!r}"
-            raise damaged(self._spec.uri, where, error) from error
+            where, fix = f"row group {group} of {self._planned[file].path!r}", RESTORE
+            if pending is not None and self._cache is not None:
+                # Fetched damaged and kept, or damaged on the cache's disk: kept, it would fail every pass.
+                self._cache.drop(pending.key)
+                if pending.cached is not None:
+                    fix = (
+                        f"the bytes came from the cache {self._spec.cache_dir!r}, whose copy is now dropped: "
+                        "resume from the last state to fetch them from the store again"
+                    )
+            raise damaged(self._spec.uri, where, error, fix) from error
 
     def _open_checked(self, file: int) -> pa.NativeFile:
         """File ``file`` opened for one pass and checked against the plan: its size and, where the
@@ -331,13 +339,13 @@ class ParquetSource:
 
     def _groups_ahead(
         self, items: Sequence[WorkItem], columns: list[str], files: PassFiles
-    ) -> Iterator[tuple[int, WorkItem, pq.ParquetFile]]:
-        """Each item with a reader of its row group, an object store's kept ``prefetch`` row
-        groups ahead of the item being read."""
+    ) -> Iterator[tuple[int, WorkItem, pq.ParquetFile, Pending | None]]:
+        """Each item with a reader of its row group, and an object store's bytes of it, kept
+        ``prefetch`` row groups ahead of the item being read."""
         if not self._location.remote:
             for index, item in enumerate(items):
                 file, _ = self._groups[item.split]
-                yield index, item, self._row_group(files, None, file, columns)
+                yield index, item, self._row_group(files, None, file, columns), None
             return
         ahead: deque[tuple[int, Pending]] = deque()
         upcoming = iter(enumerate(items))
@@ -351,7 +359,7 @@ class ParquetSource:
                 if not ahead:
                     return
                 index, pending = ahead.popleft()
-                yield index, items[index], self._row_group(files, pending, pending.file, columns)
+                yield index, items[index], self._row_group(files, pending, pending.file, columns), pending
         finally:
             for _, pending in ahead:
                 pending.stop.set()
@@ -359,7 +367,7 @@ class ParquetSource:
                     part.cancel()
 
     def _batches(
-        self, item: WorkItem, reader: pq.ParquetFile, schema: pa.Schema
+        self, item: WorkItem, reader: pq.ParquetFile, pending: Pending | None, schema: pa.Schema
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Stored rows ``start..end`` of ``item`` read as ``schema``'s columns, each batch with the
         stored row after it. Rows before ``start`` in the row group are decoded but never returned."""
@@ -367,7 +375,7 @@ class ParquetSource:
         row = 0
         stored = self._lake.columns_in(file, schema.names)
         batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored)
-        while (batch := self._decoded(file, group, lambda: next(batches, None))) is not None:
+        while (batch := self._decoded(file, group, lambda: next(batches, None), pending)) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
                 continue
@@ -378,8 +386,8 @@ class ParquetSource:
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
         files = PassFiles(self._open_checked)
-        for index, item, reader in self._groups_ahead(items, self._read_columns, files):
-            for batch, next_row in self._batches(item, reader, self._read_schema):
+        for index, item, reader, pending in self._groups_ahead(items, self._read_columns, files):
+            for batch, next_row in self._batches(item, reader, pending, self._read_schema):
                 if self._filter is not None:
                     batch = batch.filter(self._filter)
                 yield batch.select(self._columns), index, next_row
@@ -389,10 +397,9 @@ class ParquetSource:
             return [item.end - item.start for item in items]
         files = PassFiles(self._open_checked)
         counts = [0] * len(items)
-        for index, item, reader in self._groups_ahead(items, self._filter_columns, files):
-            counts[index] = sum(
-                batch.filter(self._filter).num_rows for batch, _ in self._batches(item, reader, self._filter_schema)
-            )
+        for index, item, reader, pending in self._groups_ahead(items, self._filter_columns, files):
+            batches = self._batches(item, reader, pending, self._filter_schema)
+            counts[index] = sum(batch.filter(self._filter).num_rows for batch, _ in batches)
         return counts
 
     def _read_group(self, split: int, schema: pa.Schema) -> pa.Table:
@@ -401,7 +408,7 @@ class ParquetSource:
         stored = self._lake.columns_in(file, schema.names)
         pending = self._fetch(lambda: files.open(file), file, group, stored) if self._location.remote else None
         reader = self._row_group(files, pending, file, stored)
-        read = self._decoded(file, group, lambda: reader.read_row_group(group, columns=stored))
+        read = self._decoded(file, group, lambda: reader.read_row_group(group, columns=stored), pending)
         return self._lake.conform(file, read, schema)
 
     def _kept(self, split: int) -> np.ndarray:
@@ -423,22 +430,6 @@ class ParquetSource:
                 groups[split] = self._read_group(split, self._schema)
             parts.append(groups[split].take(pa.array(rows)))
         return pa.concat_tables(parts) if parts else self.schema.empty_table()
-
-
-def _native_filter(condition: object, schema: pa.Schema) -> tuple[pc.Expression | None, list[str]]:
-    """The pyarrow expression for a spec's filter and the columns it reads."""
-    if condition is None:
-        return None, []
-    if isinstance(condition, str):
-        tree = filters.parse(condition)
-        return filters.to_arrow(tree, schema, condition), sorted(filters.columns(tree))
-    if isinstance(condition, pc.Expression):
-        # A native expression does not list its columns, so counting reads every column.
-        return condition, list(schema.names)
-    raise TypeError(
-        "a Parquet table's filter is filter-language text or a pyarrow.compute.Expression, "
-        f"not {type(condition).__name__}"
-    )
 
 
 def open(spec: TableSpec) -> ParquetSource:  # the backend registry's name for it

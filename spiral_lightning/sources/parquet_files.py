@@ -10,6 +10,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from spiral_lightning.core.spec import FileVersion, TableSpec
 from spiral_lightning.core.storage import StorageOptions, masked, scrub
+from spiral_lightning.sources.retry import Retry
 from spiral_lightning.sources.stores import Location, credentials_of, denied, locate
 
 PREFIX = "parquet:"
@@ -163,7 +165,9 @@ def remember_footer(kind: str, file: FileVersion, footer: pq.FileMetaData) -> No
 
 
 def resolve(spec: TableSpec) -> TableSpec:
-    """``spec`` pinned to the files its uri names now."""
+    """``spec`` pinned to the files its uri names now. The listing and each footer ride out the
+    store's outages as a read does (``retry.Retry``, the storage option ``retry_seconds``): a job
+    often pins its tables at the moment a store is restarting or shedding load."""
     location = locate_table(spec)
     if not location.remote and spec.uri != f"{PREFIX}{location.path}":
         # A pinned spec travels to processes that may run elsewhere (Ray workers run in folders
@@ -171,13 +175,19 @@ def resolve(spec: TableSpec) -> TableSpec:
         spec = replace(spec, uri=f"{PREFIX}{location.path}")
     if spec.files is not None:
         return spec
-    infos = list_table(spec, location)
+    options = spec.storage_options
+    retry = Retry(spec.uri, options if isinstance(options, StorageOptions) else None)
+    infos = retry("the listing", partial(list_table, spec, location))
+
+    def footer_of(info: pafs.FileInfo) -> tuple[pq.FileMetaData, str]:
+        return retry(f"the footer of {info.path!r}", partial(read_footer, spec, location, info))
+
     if location.remote and len(infos) > 1:
         # Behind a store's latency the footers cost round trips, not bytes: read them together.
         with ThreadPoolExecutor(min(FOOTER_THREADS, len(infos))) as pool:
-            footers = list(pool.map(lambda info: read_footer(spec, location, info), infos))
+            footers = list(pool.map(footer_of, infos))
     else:
-        footers = [read_footer(spec, location, info) for info in infos]
+        footers = [footer_of(info) for info in infos]
     files: list[FileVersion] = []
     for info, (footer, etag) in zip(infos, footers, strict=True):
         # Schemas may differ: a source reads the union of them (see ``parquet_lake``).

@@ -13,7 +13,8 @@ when every value of the key parses as an integer, else ``string`` (``__HIVE_DEFA
 is a null, as Hive and Spark write it; a file outside any ``key=`` folder reads a null too).
 Since such values, and the nulls of a missing column, are constant in a file, the conjuncts of a
 filter that read only them decide per file whether any of its rows can be kept (``kept_files``),
-and the source leaves the files they exclude out of its plan.
+and the source leaves the files they exclude out of its plan; ``arrow_filter`` gives the
+expression that keeps the rows of the files it reads.
 """
 
 from __future__ import annotations
@@ -263,3 +264,19 @@ def lossless(source: pa.DataType, target: pa.DataType) -> bool:
             for field in (source.field(index) for index in range(source.num_fields))
         )
     return False
+
+
+def arrow_filter(condition: object, schema: pa.Schema) -> tuple[pc.Expression | None, list[str]]:
+    """The pyarrow expression for a spec's filter and the columns it reads."""
+    if condition is None:
+        return None, []
+    if isinstance(condition, str):
+        tree = filters.parse(condition)
+        return filters.to_arrow(tree, schema, condition), sorted(filters.columns(tree))
+    if isinstance(condition, pc.Expression):
+        # A native expression does not list its columns, so counting reads every column.
+        return condition, list(schema.names)
+    raise TypeError(
+        "a Parquet table's filter is filter-language text or a pyarrow.compute.Expression, "
+        f"not {type(condition).__name__}"
+    )

@@ -3,16 +3,17 @@ budget, then a clear failure.
 
 A store that restarts, sheds load or drops off the network for a while answers with refused or
 reset connections, timeouts, 5xx statuses, throttling, or a range response shorter than asked.
-Every request that reading a pinned version makes (the listing a source checks, a file's footer
-and check, each range read) is tried again after a pause that doubles from ``FIRST_PAUSE`` to
-``MOST_PAUSE`` seconds, for up to the storage option ``retry_seconds`` (default
-``RETRY_SECONDS``) after its first failure; then it fails with a ``StoreUnavailable`` naming the
-object, how long and how many times it was tried, and the store's last answer. The store
-client's own retries (pyarrow's S3 client makes 3 attempts) happen inside each try.
+Every request that pinning a Parquet version or reading a pinned one makes (the listing, a
+file's footer and check, each range read) is tried again after a pause that doubles from
+``FIRST_PAUSE`` to ``MOST_PAUSE`` seconds, for up to the storage option ``retry_seconds``
+(default ``RETRY_SECONDS``) after its first failure; then it fails with a ``StoreUnavailable``
+naming the object, how long and how many times it was tried, and the store's last answer. The
+store client's own retries (pyarrow's S3 client makes 3 attempts) happen inside each try.
 
 Refused credentials, missing objects, a file changed since it was pinned and damaged bytes are no
-outage: they fail at once. Pinning (``resolve``) and writing retry nothing, so a wrong endpoint or
-key still fails within seconds.
+outage: they fail at once. Writing retries nothing. A wrong endpoint cannot be told from a store
+that is down, so pinning fails on one after ``retry_seconds`` (a warning at its first failure says
+it is retrying, and for how long).
 """
 
 from __future__ import annotations
