@@ -24,6 +24,7 @@ from spiral_lightning.core.integrity import damaged, dataset_states, intact, sea
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
 from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
 from spiral_lightning.datasets.table import TableDataset
@@ -117,7 +118,8 @@ def train_loader(
     if num_workers:
         options["multiprocessing_context"] = multiprocessing_context
     with without_set_vital_warning():
-        loader = loader_class(dataset, batch_size=None, **loader_options(num_workers, options, dataset))
+        settings = loader_options(num_workers, options, dataset)
+        loader = loader_class(dataset, batch_size=None, group=group_size(dataset), **settings)
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:

@@ -146,7 +146,8 @@ def test_shared_memory_is_unmapped_when_the_loader_goes_or_a_worker_is_killed(
     check_rows(list(loader), 4000)
     del loader
     assert torch_mappings() == before and not blocks._mapped
-    loader = TableDataset(spec, batch_size=100).loader(num_workers=2)
+    # Batch by batch (group=1): in groups a worker may have sent its whole share before the kill.
+    loader = TableDataset(spec, batch_size=100).loader(num_workers=2, group=1)
     iterator = iter(loader)
     next(iterator)
     os.kill(iterator._workers[0].pid, signal.SIGKILL)

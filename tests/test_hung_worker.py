@@ -70,7 +70,8 @@ def test_a_stopped_worker_fails_the_loader_naming_the_worker_its_rank_and_its_wo
 ) -> None:
     spec = make_table(SIZES, backend="parquet", columns=["id"])
     dataset = TableDataset(spec, batch_size=50, rank=rank, world_size=2)
-    loader = dataset.loader(num_workers=2, timeout=TIMEOUT)
+    # Batch by batch (group=1): in groups a worker would have sent its whole list before the stop.
+    loader = dataset.loader(num_workers=2, timeout=TIMEOUT, group=1)
     assert isinstance(loader, Loader) and loader.timeout == TIMEOUT
     iterator = iter(loader)
     for _ in range(5):  # mid-epoch: both workers started and delivered

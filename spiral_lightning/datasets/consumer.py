@@ -76,6 +76,12 @@ class Consumer:
     #: Whether ``shuffle=True`` also shuffles rows within windows (see ``shuffle_for``): not for
     #: a kind whose items keep their rows in stored order, such as packed documents.
     SHUFFLES_WINDOWS: ClassVar[bool] = True
+    #: Whether a DataLoader worker puts each batch in shared memory as it yields it (``transfer.handed_on``);
+    #: a ``groups.Grouped`` reader turns it off to put a group of batches in one block.
+    hands_on: bool = True
+    #: Whether the package's loaders have workers send this kind's batches in groups
+    #: (``groups.group_size`` of its ``batch_size`` rows): not for one whose batches are not rows.
+    GROUPS: ClassVar[bool] = True
 
     def __init__(
         self,

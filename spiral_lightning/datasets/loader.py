@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.integrity import dataset_states
+from spiral_lightning.datasets.groups import GROUP_LEFT, Grouped, GroupedIterator, as_they_are, group_size
 from spiral_lightning.datasets.pipes import piped
 from spiral_lightning.datasets.stuck import WatchedIterator
 from spiral_lightning.reading.tensors import to_torch
@@ -178,24 +179,38 @@ class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no ty
     Torch's own ``timeout`` names none of them, and while it waits it no longer looks every few
     seconds for a worker that died (a killed worker would go unnoticed for the whole timeout);
     this one still does. Without workers there is no one to wait for, and ``timeout`` is left
-    out (torch's single-process iterator refuses any other than 0)."""
+    out (torch's single-process iterator refuses any other than 0). With ``group`` above 1 each
+    worker sends that many batches as one item (``groups.Grouped``), handed on one by one."""
 
     next_iter_state: dict[str, Any] | None
 
-    def __init__(self, dataset: Any, **options: Any) -> None:
+    def __init__(self, dataset: Any, *, group: int = 1, **options: Any) -> None:
         if options.get("num_workers"):
             options.setdefault("timeout", WORKER_TIMEOUT)
             if "multiprocessing_context" in options:
                 options["multiprocessing_context"] = piped(options["multiprocessing_context"])
+            if group > 1:
+                dataset = Grouped(dataset, group)
+                # torch's default for unbatched items would walk every batch and state of a group.
+                options.setdefault("collate_fn", as_they_are)
         else:
             options.pop("timeout", None)
         super().__init__(dataset, **options)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        left = state_dict.pop(GROUP_LEFT, None)
+        if isinstance(self.dataset, Grouped):
+            self.dataset.left = {} if left is None else {int(left["worker"]): int(left["left"])}
+        super().load_state_dict(state_dict)
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
             return super()._get_iterator()
         self.check_worker_number_rationality()
-        iterator = WatchedIterator(self, self.next_iter_state)
+        iterator = (GroupedIterator if isinstance(self.dataset, Grouped) else WatchedIterator)(
+            self, self.next_iter_state
+        )
         self.next_iter_state = None
         return iterator
 
@@ -213,6 +228,7 @@ class TableLoader(Loader):
             )
         options.pop("batch_size", None)
         with without_set_vital_warning():
+            options.setdefault("group", group_size(dataset))
             super().__init__(dataset, batch_size=None, **options)
         self.table = dataset
 

@@ -66,6 +66,8 @@ class PackedDataset(TableDataset):
     # A packed stream keeps each work item's documents in stored order: shuffle=True permutes
     # blocks of documents only.
     SHUFFLES_WINDOWS = False
+    # A batch is blocks of tokens, as large as the model's context: few a second, no groups needed.
+    GROUPS = False
 
     def __init__(
         self,
@@ -296,7 +298,8 @@ class PackedDataset(TableDataset):
                 self.packing.column: torch.from_numpy(batch.tokens),
                 POSITIONS: torch.from_numpy(batch.positions),
             }
-            yield handed_on(tensors if self.transform is None else self.transform(tensors))
+            made = tensors if self.transform is None else self.transform(tensors)
+            yield handed_on(made) if self.hands_on else made
 
     def _tallied(self, blocks: Generator[tuple[Blocks, After], None, int]) -> Iterator[tuple[Blocks, After]]:
         """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""

@@ -153,7 +153,8 @@ def describe(iterator: Any, timeout: float, worker: int | None, awaited: int | N
     pid = iterator._workers[worker].pid
     snapshot = iterator._worker_snapshots.get(f"worker_{worker}")
     state = snapshot.get_state().get("dataset_state") if snapshot is not None else None
-    dataset = iterator._dataset
+    # A wrapper that reads a dataset in groups (groups.Grouped) holds it as .dataset.
+    dataset = getattr(iterator._dataset, "dataset", iterator._dataset)
     sampler = getattr(iterator, "_index_sampler", None)
     rank = _rank(state, dataset, getattr(sampler, "sampler", sampler))
     doing = process_state(pid)

@@ -383,7 +383,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
                 batch = self._decode(collate(frame, first_row), shard, first_row)
             if self.transform is not None:
                 batch = self.transform(batch)
-            yield batch if collate is None else handed_on(batch)
+            yield batch if collate is None or not self.hands_on else handed_on(batch)
 
     def _collate(self, shard: Shard) -> Callable[[Frame, int], Any] | None:
         """How this pass turns a frame, whose first row is row ``first_row`` of the consumer's

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from spiral_lightning.core.integrity import dataset_states
+from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital_warning
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.table import TableDataset
@@ -74,8 +75,9 @@ class SpiralLoader(Loader):
     ) -> None:
         if options.get("num_workers") and options.get("multiprocessing_context") == "forkserver":
             warm_for(dataset)
+        group = group_size(dataset) if batch_size is None else 1
         with without_set_vital_warning():
-            super().__init__(dataset, batch_size=batch_size, **options)
+            super().__init__(dataset, batch_size=batch_size, group=group, **options)
         self.table = dataset
         self.batches = batches
         self._pad = pad

@@ -19,7 +19,7 @@ import os
 import secrets
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -102,11 +102,18 @@ _pool: _Pool | None = None
 def pooled(batch: dict[str, Any], tensors: Iterable[torch.Tensor]) -> Pooled | None:
     """``batch`` with ``tensors`` (its tensors, each once) copied into a free block of this
     process's pool, as a dict that pickles to a small message naming the block; ``None`` when
-    every block is busy."""
+    the pool has no block for it."""
+    group = pooled_group([batch], [tensors])
+    return None if group is None else group[0]
+
+
+def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch.Tensor]]) -> list[Pooled] | None:
+    """``pooled`` for several batches at once, in one block: the block is free again once every
+    batch of the group is gone from the receiving process. ``tensors[i]`` are batch ``i``'s."""
     global _pool
     if _pool is None or _pool.pid != os.getpid():
         _pool = _Pool()
-    found = list(tensors)
+    found = [tensor for each in tensors for tensor in each]
     places = []
     size = 0
     for tensor in found:
@@ -123,9 +130,11 @@ def pooled(batch: dict[str, Any], tensors: Iterable[torch.Tensor]) -> Pooled | N
             block[slot.start : slot.start + slot.length] = tensor.numpy().reshape(-1).view(np.uint8)
         else:
             _view(torch.from_numpy(block), slot).copy_(tensor)
-    sent = Pooled(batch)
     slots = {id(tensor): (tensor, slot) for tensor, slot in zip(found, places, strict=True)}
-    sent.lease = _Lease(_pool, index, size, slots)
+    lease = _Lease(_pool, index, size, slots)
+    sent = [Pooled(batch) for batch in batches]
+    for part, each in enumerate(sent):
+        each.lease, each.part, each.parts = lease, part, len(sent)
     return sent
 
 
@@ -164,6 +173,9 @@ class Pooled(dict[str, Any]):
     process rebuilds the same ``dict`` over its mapping of the block."""
 
     lease: _Lease
+    #: This batch's place in a group sent in one block (``pooled_group``): part ``part`` of ``parts``.
+    part: int = 0
+    parts: int = 1
 
     def __reduce__(self) -> tuple[Any, ...]:
         lease = self.lease
@@ -173,12 +185,13 @@ class Pooled(dict[str, Any]):
         known = bool(pool.flags[MAX_BLOCKS + lease.index])
         storage = None if known else pool.storages[lease.index]
         flags = None if known else pool.flag_storage
-        return (_received, (pool.token, os.getpid(), lease.index, storage, flags, lease.size, items))
+        where = (pool.token, os.getpid(), lease.index, storage, flags, lease.size)
+        return (_received, (*where, items, self.part, self.parts))
 
     def __copy__(self) -> Pooled:
         # The DataLoader's default_convert copies every batch it hands on (copy.copy, then update).
         copied = Pooled(self)
-        copied.lease = self.lease
+        copied.lease, copied.part, copied.parts = self.lease, self.part, self.parts
         return copied
 
     def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
@@ -212,6 +225,8 @@ class _Mapped:
 
 _mapped: dict[str, _Mapped] = {}
 _mapped_lock = threading.Lock()
+#: The array of a group's block while its batches are unpickled, by pool token and block.
+_group_leases: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
 
 
 def _received(
@@ -222,9 +237,18 @@ def _received(
     flags: torch.UntypedStorage | None,
     size: int,
     items: dict[str, Any],
+    part: int = 0,
+    parts: int = 1,
 ) -> dict[str, Any]:
     """The batch a ``Pooled`` was, rebuilt in the receiving process as views of one array whose
-    collection gives the block back."""
+    collection gives the block back; the batches of one group (``part`` of ``parts``, unpickled
+    in order from one message) share that array."""
+    if parts > 1 and part > 0:
+        lease = _group_leases[(token, index)]
+        if part == parts - 1:
+            del _group_leases[(token, index)]
+        whole = torch.from_numpy(lease)
+        return {name: _decoded(value, whole) for name, value in items.items()}
     with _mapped_lock:
         mapped = _mapped.get(token)
         if mapped is None and flags is not None:
@@ -240,6 +264,8 @@ def _received(
             mapped.flags[MAX_BLOCKS + index] = 1
         lease = mapped.blocks[index][:size]
     weakref.finalize(lease, _give_back, mapped.flags, index)
+    if parts > 1:
+        _group_leases[(token, index)] = lease
     whole = torch.from_numpy(lease)
     return {name: _decoded(value, whole) for name, value in items.items()}
 

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
-from spiral_lightning.reading.blocks import ALIGN, pooled
+from spiral_lightning.reading.blocks import ALIGN, pooled, pooled_group
 
 #: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
 _BY_NAME = "file_system"
@@ -51,6 +51,18 @@ def handed_on(batch: Any) -> Any:
         return batch
     found = _tensors(batch)
     return (pooled(batch, found.values()) if found else None) or one_block(batch)
+
+
+def handed_on_group(batches: list[Any]) -> list[Any]:
+    """``batches`` as a DataLoader worker hands them on together: in one block of its pool
+    (``blocks.pooled_group``) when they are ``dict`` batches that fit one, else each as
+    ``handed_on`` hands it on."""
+    if get_worker_info() is not None and batches and all(isinstance(batch, dict) for batch in batches):
+        found = [_tensors(batch).values() for batch in batches]
+        group = pooled_group(batches, found) if any(found) else None
+        if group is not None:
+            return list(group)
+    return [handed_on(batch) for batch in batches]
 
 
 def one_block(batch: Any) -> Any:
