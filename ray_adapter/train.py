@@ -136,7 +136,7 @@ class _EvenLoader(Loader):
         self._limit = dataset.rows_per_consumer
 
     def __iter__(self) -> Any:
-        dataset: TableDataset = self.dataset
+        dataset: TableDataset = self.table
         # Every worker of the Ray Train group starts each epoch, so the counts can be shared.
         even = even_epoch(dataset, self.num_workers, dataset.batch_size, self._limit)
         if dataset.rank == 0:
@@ -255,7 +255,8 @@ def _check(
 
 
 def _table(loader: StatefulDataLoader) -> TableDataset:
-    dataset = loader.dataset
+    # A Loader's dataset may be the Grouped that reads it in groups; its table is the dataset.
+    dataset = getattr(loader, "table", loader.dataset)
     if not isinstance(dataset, TableDataset):
         raise TypeError(f"expected a loader made by train_loader, over a TableDataset, not {type(dataset).__name__}")
     return dataset

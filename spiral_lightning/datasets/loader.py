@@ -185,6 +185,8 @@ class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no ty
     next_iter_state: dict[str, Any] | None
 
     def __init__(self, dataset: Any, *, group: int = 1, **options: Any) -> None:
+        #: The dataset read, also when ``loader.dataset`` is the ``Grouped`` that reads it in groups.
+        self.table = dataset
         if options.get("num_workers"):
             options.setdefault("timeout", WORKER_TIMEOUT)
             if "multiprocessing_context" in options:
@@ -230,10 +232,10 @@ class TableLoader(Loader):
         with without_set_vital_warning():
             options.setdefault("group", group_size(dataset))
             super().__init__(dataset, batch_size=None, **options)
-        self.table = dataset
 
     def __len__(self) -> int:
-        return self.table.batches(self.num_workers)
+        batches: int = self.table.batches(self.num_workers)
+        return batches
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # torchdata passes over a missing dataset state, which would start that consumer's epoch again.
