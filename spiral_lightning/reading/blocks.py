@@ -114,12 +114,7 @@ def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch
     if _pool is None or _pool.pid != os.getpid():
         _pool = _Pool()
     found = [tensor for each in tensors for tensor in each]
-    places = []
-    size = 0
-    for tensor in found:
-        length = tensor.numel() * tensor.element_size()
-        places.append(_Slot(size, length, tensor.dtype, tuple(tensor.shape)))
-        size += -(-length // ALIGN) * ALIGN
+    places, size = layout(found)
     index = _pool.block_for(size)
     if index is None:
         return None
@@ -129,7 +124,7 @@ def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch
         if tensor.dtype in _NUMPY_DTYPES:
             block[slot.start : slot.start + slot.length] = tensor.numpy().reshape(-1).view(np.uint8)
         else:
-            _view(torch.from_numpy(block), slot).copy_(tensor)
+            view(torch.from_numpy(block), slot).copy_(tensor)
     slots = {id(tensor): (tensor, slot) for tensor, slot in zip(found, places, strict=True)}
     lease = _Lease(_pool, index, size, slots)
     sent = [Pooled(batch) for batch in batches]
@@ -138,16 +133,28 @@ def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch
     return sent
 
 
+def layout(tensors: Sequence[torch.Tensor]) -> tuple[list[_Slot], int]:
+    """Where each of ``tensors`` lies in one block (each start a multiple of ``ALIGN``), and the
+    block's size in bytes."""
+    places = []
+    size = 0
+    for tensor in tensors:
+        length = tensor.numel() * tensor.element_size()
+        places.append(_Slot(size, length, tensor.dtype, tuple(tensor.shape)))
+        size += -(-length // ALIGN) * ALIGN
+    return places, size
+
+
+def view(block: torch.Tensor, slot: _Slot) -> torch.Tensor:
+    """The tensor ``slot`` describes, as a view of ``block``'s bytes."""
+    return block[slot.start : slot.start + slot.length].view(slot.dtype).view(slot.shape)
+
+
 #: The dtypes numpy holds, whose tensors are copied into a block through numpy.
 _NUMPY_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
     | {torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128}
 )
-
-
-def _view(block: torch.Tensor, slot: _Slot) -> torch.Tensor:
-    """The tensor ``slot`` describes, as a view of ``block``'s bytes."""
-    return block[slot.start : slot.start + slot.length].view(slot.dtype).view(slot.shape)
 
 
 class _Lease:
@@ -272,7 +279,7 @@ def _received(
 
 def _decoded(value: Any, block: torch.Tensor) -> Any:
     if isinstance(value, _InBlock):
-        return _view(block, value.slot)
+        return view(block, value.slot)
     if isinstance(value, list):
         return [_decoded(item, block) for item in value]
     return value

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
-from spiral_lightning.reading.blocks import ALIGN, pooled, pooled_group
+from spiral_lightning.reading.blocks import layout, pooled, pooled_group, view
 
 #: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
 _BY_NAME = "file_system"
@@ -78,19 +78,11 @@ def one_block(batch: Any) -> Any:
     found = _tensors(batch)
     if len(found) < 2:
         return batch
-    starts = {}
-    size = 0
-    for key, tensor in found.items():
-        starts[key] = size
-        size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+    places, size = layout(list(found.values()))
     # torch's default_collate allocates its stacked batches in workers the same way.
     storage = torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
     block = torch.empty(0, dtype=torch.uint8).set_(storage)
-    moved = {}
-    for key, tensor in found.items():
-        start = starts[key]
-        view = block[start : start + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
-        moved[key] = view.copy_(tensor)
+    moved = {key: view(block, slot).copy_(tensor) for (key, tensor), slot in zip(found.items(), places, strict=True)}
     return {name: _replaced(value, moved) for name, value in batch.items()}
 
 
