@@ -4,6 +4,7 @@ Lightning callback a SpiralDataModule adds."""
 
 from __future__ import annotations
 
+import csv
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from spiral_lightning import DataStallMeter, SpiralDataModule, StallMeter, TableDataset, TableSpec
 from spiral_lightning.datasets.stall import StepWait, loader_settings, rows_of
@@ -168,3 +170,19 @@ def test_the_meter_can_be_left_out(make_table: Callable[..., TableSpec], tmp_pat
     run.fit(Sleeper(0), datamodule=SpiralDataModule(spec, batch_size=8, stall_meter=False))
     assert not [callback for callback in run.callbacks if isinstance(callback, DataStallMeter)]
     assert "data/wait_share" not in run.callback_metrics
+
+
+def test_the_logger_gets_the_means_of_the_steps_since_its_last_write(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    spec = make_table([88], columns=["id", "x"])
+    logger = CSVLogger(tmp_path, name="stall", version=0)
+    run = trainer(tmp_path, max_epochs=1, logger=logger, log_every_n_steps=4)
+    run.fit(Sleeper(0), datamodule=SpiralDataModule(spec, batch_size=8, num_workers=0))
+    with open(Path(logger.log_dir) / "metrics.csv") as file:
+        logged = [row for row in csv.DictReader(file) if row["data/wait_ms"]]
+    # 11 steps, written at the Trainer's cadence of 4 (steps 3 and 7, counted from 0); the means of
+    # the last three steps, logged at the epoch's last batch, reach callback_metrics.
+    assert [int(row["step"]) for row in logged] == [3, 7]
+    assert all(0 <= float(row["data/wait_share"]) <= 1 and float(row["data/rows_per_s"]) > 0 for row in logged)
+    assert float(run.callback_metrics["data/wait_ms"]) not in {float(row["data/wait_ms"]) for row in logged}
