@@ -25,7 +25,7 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.groups import group_size
-from spiral_lightning.datasets.job import distributed, even_epoch, needs_replan, pinned, torch_broadcast
+from spiral_lightning.datasets.job import Layout, distributed, even_epoch, needs_replan, pinned, torch_broadcast
 from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
@@ -174,8 +174,9 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
 def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None:
     """Put a ``train_loader`` loader back at the position its rank saved into ``folder``.
 
-    A checkpoint saved by another number of ranks or DataLoader workers is re-planned: the rows
-    no saved consumer delivered are shared among this run's (``TableDataset.load_elastic``).
+    A checkpoint saved by another number of ranks, DataLoader workers or rows a batch is
+    re-planned: the rows no saved consumer delivered are shared among this run's
+    (``TableDataset.load_elastic``), in this run's batches.
     ``FileNotFoundError`` when the folder holds no state for this rank, ``ValueError`` naming
     every setting that differs from the saving run's.
     """
@@ -183,8 +184,8 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     paths = sorted(Path(folder).glob(STATE_FILES))
     first = torch.load(paths[0], weights_only=True) if paths else None
     if isinstance(first, Mapping) and needs_replan(
-        (first.get("world_size", -1), first.get("num_workers", -1)),
-        (dataset.world_size, loader.num_workers),
+        Layout(first.get("world_size", -1), first.get("num_workers", -1), first.get("batch_size", -1)),
+        Layout(dataset.world_size, loader.num_workers, dataset.batch_size),
         inside_replan="lineage" in first,
     ):
         _replan(dataset, loader.num_workers, paths)
@@ -211,7 +212,7 @@ def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
     """Share what the ranks that wrote ``paths`` had not delivered among this run's consumers."""
     states = [torch.load(path, weights_only=True) for path in paths]
     for path, state in zip(paths, states, strict=True):
-        _check(state, dataset, num_workers, path, topology=False)
+        _check(state, dataset, num_workers, path, layout=False)
     if len(states) != states[0]["world_size"]:
         raise ValueError(
             f"the checkpoint holds {len(states)} rank states of {states[0]['world_size']}; re-planning needs all"
@@ -223,7 +224,7 @@ def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
 
 
 def _check(
-    state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path, *, topology: bool = True
+    state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path, *, layout: bool = True
 ) -> None:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
@@ -241,9 +242,9 @@ def _check(
     # load_state_dict before any row, naming the field it can.
     if not intact(state) and all(intact(consumer) for consumer in consumers):
         raise damaged("Ray loader", where)
-    now: dict[str, Any] = {"version": dataset.spec.version, "batch_size": dataset.batch_size}
-    if topology:
-        now |= {"world_size": dataset.world_size, "num_workers": num_workers}
+    now: dict[str, Any] = {"version": dataset.spec.version}
+    if layout:
+        now |= {"world_size": dataset.world_size, "num_workers": num_workers, "batch_size": dataset.batch_size}
     differ = [f"{name} (saved {state[name]!r}, now {value!r})" for name, value in now.items() if state[name] != value]
     if differ:
         # The differences come last: Ray Train shortens a worker's error from the middle.

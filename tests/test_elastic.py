@@ -77,10 +77,11 @@ def consume(dataset: TableDataset, shard: Shard, frames: int | None) -> tuple[li
     old=st.tuples(st.integers(1, 3), st.integers(1, 3)),
     new=st.tuples(st.integers(1, 4), st.integers(1, 3)),
     batch_size=st.integers(1, 2500),
+    new_batch=st.one_of(st.none(), st.integers(1, 2500)),
     stops=st.lists(st.one_of(st.none(), st.integers(0, 6)), min_size=9, max_size=9),
     epoch=st.integers(0, 2),
 )
-def test_a_saved_epoch_continues_under_any_topology_exactly_once(
+def test_a_saved_epoch_continues_under_any_topology_and_batch_size_exactly_once(
     sizes: list[int],
     seed: int,
     filtered: bool,
@@ -89,6 +90,7 @@ def test_a_saved_epoch_continues_under_any_topology_exactly_once(
     old: tuple[int, int],
     new: tuple[int, int],
     batch_size: int,
+    new_batch: int | None,
     stops: list[int | None],
     epoch: int,
 ) -> None:
@@ -103,7 +105,9 @@ def test_a_saved_epoch_continues_under_any_topology_exactly_once(
                 delivered += rows
                 states.append(state)
         for rank in range(new[0]):
-            resumed = TableDataset(spec, batch_size=batch_size, policy=policy, rank=rank, world_size=new[0])
+            resumed = TableDataset(
+                spec, batch_size=new_batch or batch_size, policy=policy, rank=rank, world_size=new[0]
+            )
             resumed.load_elastic(states)
             assert resumed.epoch == epoch
             for worker in range(new[1]):
@@ -231,3 +235,20 @@ def test_elastic_resume_refuses_what_it_cannot_replan(make_table: Callable[..., 
     other = make_table([500, 500], columns=["id"])
     with pytest.raises(ValueError, match="the states were saved reading version"):
         TableDataset(other, batch_size=100).load_elastic([one.state_dict()])
+
+
+def test_a_state_of_another_batch_size_names_load_elastic_which_continues_it(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    spec = make_table([500, 300], columns=["id"])
+    saving = loader(TableDataset(spec, batch_size=64), 0)
+    reading = iter(saving)
+    delivered = ids([next(reading) for _ in range(3)])
+    states = consumer_states(saving.state_dict())
+    with pytest.raises(ValueError, match=r"batch_size: saved 64, now 96\); .* another size with load_elastic"):
+        TableDataset(spec, batch_size=96).load_state_dict(states[0])
+    resumed = TableDataset(spec, batch_size=96)
+    resumed.load_elastic(states)
+    rest = list(loader(resumed, 0))
+    assert [len(batch["id"]) for batch in rest] == [96] * 6 + [32]
+    assert sorted(delivered + ids(rest)) == list(range(800))

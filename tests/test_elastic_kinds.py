@@ -251,31 +251,33 @@ def test_a_map_epoch_re_plans_for_other_ranks_exactly_once(
 
 
 @pytest.mark.slow
-def test_a_map_run_resumes_under_another_worker_count_and_again(
+def test_a_map_run_resumes_under_another_worker_count_and_batch_size_and_again(
     make_table: Callable[..., TableSpec], tmp_path: Path
 ) -> None:
     spec = make_table(MAP_SIZES, columns=["id", "x"])
     every = list(range(sum(MAP_SIZES)))
 
-    def data(workers: int) -> SpiralDataModule:
-        return SpiralDataModule(spec, batch_size=50, num_workers=workers, access="map", seed=7)
+    def data(workers: int, batch_size: int = 50) -> SpiralDataModule:
+        return SpiralDataModule(spec, batch_size=batch_size, num_workers=workers, access="map", seed=7)
 
-    # 20 batches of 50 an epoch: stop 7 batches in with 2 workers, then 5 more with 3 workers.
+    # 20 batches of 50 an epoch: stop 7 batches in with 2 workers, then 5 batches of 30 more with
+    # 3 workers, then the rest in batches of 50 again.
     first = Recorder()
     trainer(tmp_path / "a", max_epochs=2, max_steps=7, callbacks=[checkpoints(tmp_path / "a", 7)]).fit(
         first, datamodule=data(2)
     )
     second = Recorder()
     trainer(tmp_path / "b", max_epochs=2, max_steps=12, callbacks=[checkpoints(tmp_path / "b", 12)]).fit(
-        second, datamodule=data(3), ckpt_path=tmp_path / "a" / "step=7.ckpt"
+        second, datamodule=data(3, batch_size=30), ckpt_path=tmp_path / "a" / "step=7.ckpt"
     )
     # The second stop is inside the re-planned epoch: its lineage travels in the checkpoint.
     saved = torch.load(tmp_path / "b" / "step=12.ckpt", weights_only=True)["SpiralDataModule"]
     assert saved["lineage"]["links"][0]["delivered"] == [350]
+    assert [len(ids) for _, _, ids in second.seen] == [30] * 5
     third = Recorder()
     trainer(tmp_path / "c", max_epochs=2).fit(third, datamodule=data(1), ckpt_path=tmp_path / "b" / "step=12.ckpt")
     before = ids_in(first.seen, 0) + ids_in(second.seen, 0)
-    assert len(before) == 600 and len(set(before)) == 600
+    assert len(before) == 500 and len(set(before)) == 500
     assert sorted(before + ids_in(third.seen, 0)) == every
     # The epoch after it is the sampler's own again, under the new workers.
     assert sorted(ids_in(third.seen, 1)) == every

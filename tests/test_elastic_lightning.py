@@ -1,5 +1,5 @@
-"""Elastic resume through SpiralDataModule checkpoints: a run stopped under one number of ranks
-or workers resumes under another, and the epoch still delivers every row exactly once."""
+"""Elastic resume through SpiralDataModule checkpoints: a run stopped under one number of ranks,
+workers or rows a batch resumes under another, and the epoch still delivers every row exactly once."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ SIZES = [300, 40, 500, 160]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 1])
-def test_a_run_resumes_under_another_worker_count(
-    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, 50), (1, 35), (2, 80)])
+def test_a_run_resumes_under_another_worker_count_or_batch_size(
+    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int, batch_size: int
 ) -> None:
     spec = make_table(SIZES, columns=["id", "x"])
     every = list(range(sum(SIZES)))
@@ -32,12 +32,19 @@ def test_a_run_resumes_under_another_worker_count(
     run = trainer(tmp_path, max_epochs=2, max_steps=7, callbacks=[checkpoints(tmp_path, 7)])
     run.fit(first, datamodule=SpiralDataModule(spec, batch_size=50, num_workers=2))
     resumed = Recorder()
-    data = SpiralDataModule(spec, batch_size=50, num_workers=workers)
+    data = SpiralDataModule(spec, batch_size=batch_size, num_workers=workers)
     trainer(tmp_path, max_epochs=2).fit(resumed, datamodule=data, ckpt_path=tmp_path / "step=7.ckpt")
     assert len(ids_in(first.seen, 0)) == 350
     assert sorted(ids_in(first.seen, 0) + ids_in(resumed.seen, 0)) == every
-    # The epoch after the re-planned one reads the whole table under the new workers.
+    # The rest of the epoch comes in the new batches, only each consumer's last one shorter, and
+    # the step count goes on from the checkpoint's.
+    rest = [ids for epoch, _, ids in resumed.seen if epoch == 0]
+    assert max(len(ids) for ids in rest) == batch_size
+    assert len([ids for ids in rest if len(ids) < batch_size]) <= max(1, workers)
+    assert [step for epoch, step, _ in resumed.seen if epoch == 0] == list(range(7, 7 + len(rest)))
+    # The epoch after the re-planned one reads the whole table under the new workers and batches.
     assert sorted(ids_in(resumed.seen, 1)) == every
+    assert max(len(ids) for epoch, _, ids in resumed.seen if epoch == 1) == batch_size
 
 
 def run(out: Path, phase: str, uri: str, devices: int, *extra: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Ray Train loader states re-planned for another world size or worker count: the rank files
+"""Ray Train loader states re-planned for another world size, worker count or batch size: the rank files
 ``save_loader_state`` wrote restore into loaders of another topology with every row once."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from tests.tables import KEEP_TEXT, kept_ids
 SIZES = [3000, 700, 0, 4100, 2500, 1800]
 
 
-def loader(spec: TableSpec, rank: int, world_size: int, workers: int) -> StatefulDataLoader:
-    dataset = TableDataset(spec, batch_size=300, rank=rank, world_size=world_size)
+def loader(spec: TableSpec, rank: int, world_size: int, workers: int, batch_size: int = 300) -> StatefulDataLoader:
+    dataset = TableDataset(spec, batch_size=batch_size, rank=rank, world_size=world_size)
     context = "forkserver" if workers else None
     return StatefulDataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
 
@@ -41,3 +41,20 @@ def test_rank_files_of_two_ranks_resume_as_three(make_table: Callable[..., Table
         restore_loader_state(resumed, tmp_path)
         delivered += ids(list(resumed))
     assert sorted(delivered) == kept_ids(SIZES, seed=4)
+
+
+def test_rank_files_resume_in_batches_of_another_size(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    spec = make_table(SIZES, seed=4, columns=["id"])
+    delivered: list[int] = []
+    for rank in range(2):
+        saving = loader(spec, rank, 2, 0)
+        reading = iter(saving)
+        delivered += ids([next(reading) for _ in range(4)])
+        save_loader_state(saving, tmp_path)
+    for rank in range(2):
+        resumed = loader(spec, rank, 2, 0, batch_size=450)
+        restore_loader_state(resumed, tmp_path)
+        batches = list(resumed)
+        assert max(len(batch["id"]) for batch in batches) == 450
+        delivered += ids(batches)
+    assert sorted(delivered) == list(range(sum(SIZES)))

@@ -180,10 +180,17 @@ class State:
         if differ and not self.intact:
             raise damaged("TableDataset", self.where(), "; ".join(differ))
         if differ:
+            other_batch = self.batch_size != current.batch_size
             raise ValueError(
                 "the TableDataset state was saved under other settings ("
                 + "; ".join(differ)
                 + "); restore it into a dataset built like the one that saved it"
+                + (
+                    ", or continue its epoch in batches of another size with load_elastic(every saved consumer's "
+                    "state), which re-plans the rows none of them delivered"
+                    if other_batch and len(differ) == 1
+                    else ""
+                )
             )
 
 

@@ -41,6 +41,15 @@ def pinned(spec: TableSpec, rank: int, broadcast: Broadcast | None) -> TableSpec
     return dataclasses.replace(spec, uri=shared.uri, files=shared.files)
 
 
+class Layout(NamedTuple):
+    """How a job reads: its ranks, each rank's DataLoader workers (0 in process) and the rows of
+    a batch. A position saved under one layout continues under another through a re-plan."""
+
+    world_size: int
+    workers: int
+    batch_size: int | None
+
+
 class EvenDataset(Protocol):
     """A dataset whose epochs even batches can size (``TableDataset``, ``PackedDataset``)."""
 
@@ -96,8 +105,8 @@ def even_note(epoch: int, consumers: int, quota: int, left_out: int, batch_size:
     )
 
 
-def needs_replan(saved: tuple[int, int], now: tuple[int, int], *, inside_replan: bool) -> bool:
-    """Whether positions saved under ``saved`` (world size, DataLoader workers) restore only
-    through an elastic re-plan: another topology now, or saved inside an epoch re-planned before
-    (whose consumers' lists exist only as a share of its remainder)."""
+def needs_replan(saved: Layout, now: Layout, *, inside_replan: bool) -> bool:
+    """Whether positions saved under ``saved`` restore only through an elastic re-plan: another
+    world size, worker count or batch size now, or saved inside an epoch re-planned before (whose
+    consumers' lists exist only as a share of its remainder)."""
     return tuple(saved) != tuple(now) or inside_replan

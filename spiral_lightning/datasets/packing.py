@@ -131,9 +131,9 @@ class PackedDataset(TableDataset):
     def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
         """Refused: see the class."""
         raise ValueError(
-            "a PackedDataset resumes only under the world size and worker count it was saved with: an elastic "
-            "re-plan shares stored rows, and the documents a consumer had partly delivered would be delivered "
-            "again; resume with the saved topology, or start the epoch afresh"
+            "a PackedDataset resumes only under the world size, worker count and batch_size it was saved with: an "
+            "elastic re-plan shares stored rows, and the documents a consumer had partly delivered would be "
+            "delivered again; resume with the saved topology and batch_size, or start the epoch afresh"
         )
 
     @property

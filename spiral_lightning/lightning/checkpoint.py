@@ -40,7 +40,7 @@ MISSING_POSITION = ("refuse", "restart_epoch")
 
 def seal_entry(state: dict[str, Any]) -> dict[str, Any]:
     """The entry ``SpiralDataModule.state_dict`` writes: ``state`` (its version, world size,
-    workers, ranks and lineage) with its format and ``ENTRY_KIND``, sealed with a digest."""
+    workers, batch size, ranks and lineage) with its format and ``ENTRY_KIND``, sealed with a digest."""
     return integrity.sealed({"format": STATE_FORMAT, **state, "kind": ENTRY_KIND})
 
 
@@ -90,6 +90,9 @@ def _check_fields(state: Mapping[str, Any], iterable: bool) -> None:
         )
     if not isinstance(state["version"], str) or not is_count(state["num_workers"]):
         raise ValueError("the SpiralDataModule checkpoint entry's version or num_workers is not one it writes")
+    batch_size = state.get("batch_size", 1)
+    if not is_count(batch_size) or batch_size < 1:
+        raise ValueError(f"the SpiralDataModule checkpoint entry's batch_size {batch_size!r} is not a positive int")
     for rank, saved in enumerate(ranks):
         if not isinstance(saved, Mapping) or saved.get("rank") != rank or "position" not in saved:
             raise ValueError(f"the checkpoint's ranks[{rank}] is not rank {rank}'s position: {str(saved)[:100]}")

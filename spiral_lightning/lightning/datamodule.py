@@ -16,7 +16,7 @@ from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
-from spiral_lightning.datasets.job import even_epoch, needs_replan, pinned
+from spiral_lightning.datasets.job import Layout, even_epoch, needs_replan, pinned
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, default_workers
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.packing import PackedDataset
@@ -332,9 +332,11 @@ class SpiralDataModule(pl.LightningDataModule):
         if any(position is None for position in positions):
             raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
         dataset.load_elastic(consumers(state), lineage=state.get("lineage"))
+        saved_batch = state.get("batch_size", self.batch_size)
         rank_zero_info(
             f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
-            f"num_workers={state['num_workers']}, for {dataset.world_size} ranks with num_workers={self.num_workers}"
+            f"num_workers={state['num_workers']} and batch_size={saved_batch}, for {dataset.world_size} ranks with "
+            f"num_workers={self.num_workers} and batch_size={self.batch_size}"
         )
         return Position(dataset.epoch, positions[0]["batches"], {})
 
@@ -389,6 +391,7 @@ class SpiralDataModule(pl.LightningDataModule):
             "version": loader.table.spec.version,
             "world_size": world_size,
             "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
             "ranks": ranks,
         }
         lineage = self._lineage(loader)
@@ -432,13 +435,14 @@ class SpiralDataModule(pl.LightningDataModule):
 
     def _replans(self, state: dict[str, Any]) -> bool:
         """Whether ``state``'s positions continue through a re-planned remainder: saved under
-        another world size or worker count, or inside an epoch that was re-planned before."""
+        another world size, worker count or batch size, or inside an epoch re-planned before."""
         if self.access == "map":
             inside = "lineage" in state
         else:
             inside = any("remainder" in consumer for consumer in consumers(state))
-        saved = (state["world_size"], state["num_workers"])
-        return needs_replan(saved, (self._rank()[1], self.num_workers), inside_replan=inside)
+        # Checkpoints of release 0.1 hold no batch size: they resume under the one given now.
+        saved = Layout(state["world_size"], state["num_workers"], state.get("batch_size", self.batch_size))
+        return needs_replan(saved, Layout(self._rank()[1], self.num_workers, self.batch_size), inside_replan=inside)
 
     def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
         rank, _ = self._rank()

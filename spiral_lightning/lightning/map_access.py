@@ -88,7 +88,9 @@ class MapTraining:
                     f"{lineage.epoch}; this run reads {rows} rows with seed {self.seed} in epoch {epoch}: resume "
                     "with the seed and table that saved it"
                 )
-        delivered = tuple((position["batches"] - lineage.batches) * self.batch_size for position in positions)
+        # Every batch since the last re-plan is of the saving run's size (release 0.1 saved none).
+        saved_batch = state.get("batch_size", self.batch_size)
+        delivered = tuple((position["batches"] - lineage.batches) * saved_batch for position in positions)
         link = MapLink(state["world_size"], delivered)
         dropped = self.sampler.replan(lineage.then(link, positions[0]["batches"]))
         left_out = f", leaving out {dropped} rows of it for equal ranks" if dropped else ""
