@@ -14,13 +14,35 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spiral_lightning import Mixture, Shuffled, TableDataset, TableSpec, WindowDataset, Windows, balanced
-from spiral_lightning.reading.ahead import ReadAhead
+from spiral_lightning.core.plan import WorkItem
+from spiral_lightning.reading import ahead
+from spiral_lightning.reading.ahead import ReadAhead, runs
 from tests.tables import BACKENDS, KEEP_TEXT, layout_table
 
 SIZES = [9000, 300, 20000, 0, 12000, 4000]
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def short_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of 2,000 stored rows, so that these small tables are read by several threads, in runs
+    of more than one item where items are short."""
+    monkeypatch.setattr(ahead, "RUN_ROWS", 2000)
+
+
+@given(st.lists(st.integers(0, 5000), max_size=30), st.integers(1, 9000))
+def test_runs_cut_the_list_in_order_each_closing_once_it_holds_its_rows(sizes: list[int], rows: int) -> None:
+    items = [WorkItem(index, 0, size) for index, size in enumerate(sizes)]
+    found = runs(items, rows)
+    assert [index for first, end in found for index in range(first, end)] == list(range(len(items)))
+    for number, (first, end) in enumerate(found):
+        held = [item.end - item.start for item in items[first:end]]
+        assert end > first and sum(held[:-1]) < rows
+        assert sum(held) >= rows or number == len(found) - 1
 
 
 def reader_threads() -> list[threading.Thread]:

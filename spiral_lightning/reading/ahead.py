@@ -27,6 +27,10 @@ from spiral_lightning.sources import ReadBatch, Source
 #: The most work items a consumer reads at once when not told: past a few, reads mostly contend.
 MOST_READ_THREADS = 4
 
+#: The fewest stored rows a reading thread takes in one read: each read call sets up a scan (a
+#: few milliseconds), so short items (the blocks of a ``Shuffled`` policy) are read in runs.
+RUN_ROWS = 65_536
+
 
 def default_read_threads() -> int:
     """Reads at once in this process when not told: its share of the machine's cores beside the
@@ -64,8 +68,9 @@ class ReadAhead:
     Each pass reads on threads of its own through ``source``, the consumer's own: a process opens
     a version once, and every backend's reads may run beside each other and beside its planning
     and counting. With one thread the pass reads its items in one ``source.read``; with more, each
-    thread reads one item at a time (``source.read([item])``), taking the next item no thread has
-    taken, so at most ``threads * depth`` read batches wait. Rows, order and the stored rows
+    thread reads one *run* at a time (consecutive items of at least ``RUN_ROWS`` stored rows, or
+    one longer item, in one ``source.read``), taking the next run no thread has taken, so at most
+    ``threads * depth`` read batches wait. Rows, order and the stored rows
     reported with each batch are those of ``source.read(items)`` either way.
 
         ahead = ReadAhead(source, depth=2, threads=4, opener=lambda: open_source(spec))
@@ -97,28 +102,30 @@ class ReadAhead:
         reads are closed before the consumer goes on."""
         items = list(items)
         stop = threading.Event()
-        if self.threads == 1 or len(items) < 2:
+        taken = _Taken(items, self.depth)
+        if self.threads == 1 or len(taken.runs) < 2:
             batches: queue.Queue[object] = queue.Queue(self.depth)
             fill = partial(_fill, self.source, items, batches, stop)
             return _drain(stop, [fill], lambda: iter((batches,)))
-        taken = _Taken(items, self.depth)
-        workers = [partial(self._fill_items, taken, stop) for _ in range(min(self.threads, len(items)))]
+        workers = [partial(self._fill_runs, taken, stop) for _ in range(min(self.threads, len(taken.runs)))]
         return _drain(stop, workers, taken.in_order)
 
-    def _fill_items(self, taken: _Taken, stop: threading.Event) -> None:
-        """Read the items no thread has taken yet, one at a time, into their own queues, through a
+    def _fill_runs(self, taken: _Taken, stop: threading.Event) -> None:
+        """Read the runs no thread has taken yet, one at a time, into their own queues, through a
         source no other thread reads."""
         with self._idle_lock:
             source = self._idle.pop() if self._idle else None
         try:
-            while not stop.is_set() and (next_item := taken.take()) is not None:
-                index, batches = next_item
+            while not stop.is_set() and (next_run := taken.take()) is not None:
+                (first, end), batches = next_run
                 try:
                     if source is None:
                         assert self._opener is not None
                         source = self._opener()
-                    read = source.read([taken.items[index]])
-                    finished = all(_put(batches, (batch, index, next_row), stop) for batch, _, next_row in read)
+                    read = source.read(taken.items[first:end])
+                    finished = all(
+                        _put(batches, (batch, first + index, next_row), stop) for batch, index, next_row in read
+                    )
                 except BaseException as error:  # every error belongs to the consumer
                     _put(batches, _Failed(error), stop)
                     return
@@ -131,35 +138,54 @@ class ReadAhead:
 
 
 class _Taken:
-    """The items of a pass read by several threads: the next one not yet taken, and each taken
-    item's queue of read batches, handed to the consumer in the order of the items."""
+    """The items of a pass read by several threads, in runs (see ``runs``): the next run not yet
+    taken, and each taken run's queue of read batches, handed to the consumer in list order."""
 
     def __init__(self, items: list[WorkItem], depth: int) -> None:
         self.items = items
         self.depth = depth
+        self.runs = runs(items)
         self.queues: dict[int, queue.Queue[object]] = {}
         self.following = 0
         self.changed = threading.Condition()
 
-    def take(self) -> tuple[int, queue.Queue[object]] | None:
-        """The next item's index and a new queue for its batches; ``None`` when all are taken."""
+    def take(self) -> tuple[tuple[int, int], queue.Queue[object]] | None:
+        """The next run (its first item and the item after it) and a new queue for its batches;
+        ``None`` when all are taken."""
         with self.changed:
             index = self.following
-            if index >= len(self.items):
+            if index >= len(self.runs):
                 return None
             self.following += 1
             batches: queue.Queue[object] = queue.Queue(self.depth)
             self.queues[index] = batches
             self.changed.notify_all()
-            return index, batches
+            return self.runs[index], batches
 
     def in_order(self) -> Iterator[queue.Queue[object]]:
-        """Each item's queue in turn, once a thread has taken the item."""
-        for index in range(len(self.items)):
+        """Each run's queue in turn, once a thread has taken the run."""
+        for index in range(len(self.runs)):
             with self.changed:
                 self.changed.wait_for(lambda index=index: index in self.queues)  # type: ignore[misc]
                 batches = self.queues.pop(index)
             yield batches
+
+
+def runs(items: Sequence[WorkItem], rows: int | None = None) -> list[tuple[int, int]]:
+    """``items`` cut into runs of consecutive items, as (first, end) index pairs: each run closes
+    once its items hold ``rows`` stored rows (``RUN_ROWS`` when ``None``), the last holding what
+    is left."""
+    rows = RUN_ROWS if rows is None else rows
+    found: list[tuple[int, int]] = []
+    first, held = 0, 0
+    for index, item in enumerate(items):
+        held += item.end - item.start
+        if held >= rows:
+            found.append((first, index + 1))
+            first, held = index + 1, 0
+    if first < len(items):
+        found.append((first, len(items)))
+    return found
 
 
 def _drain(
