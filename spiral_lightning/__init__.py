@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from spiral_lightning.datasets.windows import WindowDataset, Windows
     from spiral_lightning.lightning.datamodule import SpiralDataModule
     from spiral_lightning.lightning.loader import SpiralLoader as SpiralLoader
+    from spiral_lightning.lightning.mixing import MixedTable
     from spiral_lightning.lightning.stall import DataStallMeter
     from spiral_lightning.media.ingest import ingest_images, ingest_videos
     from spiral_lightning.planning.policies import Shuffled, balanced, stripe
@@ -66,6 +67,7 @@ _HOMES = {
     "FrameSlice": "core.media",
     "FrameTimes": "core.media",
     "Image": "core.media",
+    "MixedTable": "lightning.mixing",
     "Mixture": "datasets.mixture",
     "NullError": "reading.tensors",
     "Nulls": "reading.tensors",
@@ -110,6 +112,7 @@ __all__ = [
     "FrameSlice",
     "FrameTimes",
     "Image",
+    "MixedTable",
     "Mixture",
     "PackedDataset",
     "Packing",

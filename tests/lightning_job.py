@@ -17,9 +17,13 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from spiral_lightning import SpiralDataModule, Split, TableSpec, WorkItem, balanced
+from spiral_lightning import MixedTable, SpiralDataModule, Split, TableSpec, WorkItem, balanced
 from spiral_lightning.core.plan import Shard
 from tests.tables import KEEP
+
+
+#: What a mixture's table index adds to its row ids in a ``Recorder``.
+TABLE_IDS = 1_000_000
 
 
 class Recorder(pl.LightningModule):
@@ -32,7 +36,9 @@ class Recorder(pl.LightningModule):
         self.seen: list[tuple[int, int, list[int]]] = []
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        self.seen.append((self.current_epoch, self.global_step, batch["id"].tolist()))
+        # A mixture's batch names its table: its ids are told apart by TABLE_IDS a table.
+        ids = batch["id"] + TABLE_IDS * batch["table"] if "table" in batch else batch["id"]
+        self.seen.append((self.current_epoch, self.global_step, ids.tolist()))
         loss: torch.Tensor = self.layer(batch["x"][:, None]).pow(2).mean()
         return loss
 
@@ -83,12 +89,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-epochs", type=int, default=1)
     parser.add_argument("--access", choices=["iterable", "map"], default="iterable")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mixed-with", default=None, help="a second table: train on a mixture, weights 3 to 1")
+    parser.add_argument("--stop", choices=["first_exhausted", "cycle"], default="first_exhausted")
     args = parser.parse_args(argv)
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
     spec = TableSpec(args.uri, columns=["id", "x"], filter=KEEP if args.filtered else None)
+    train: Any = spec
+    if args.mixed_with is not None:
+        train = [MixedTable(spec, 3.0), MixedTable(TableSpec(args.mixed_with, columns=["id", "x"]), 1.0)]
     data = SpiralDataModule(
-        spec, batch_size=args.batch_size, num_workers=args.workers, access=args.access, seed=args.seed
+        train,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        access=args.access,
+        seed=args.seed,
+        stop=args.stop,
+        table_key=None if args.mixed_with is None else "table",
     )
     model = Recorder()
     trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,9 @@ import yaml
 
 from spiral_lightning import PackedDataset
 from spiral_lightning.demos.data import corpus_tables
+from spiral_lightning.lightning.checkpoint import CHECKPOINT_KEY
 from spiral_lightning.lightning.cli import main
+from tests.ranks import torchrun
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -39,3 +43,29 @@ def test_the_language_model_config_trains_on_packed_blocks_and_validates_padded_
     assert blocks > 0 and last["global_step"] == blocks
     metrics = (tmp_path / "runs" / "lm" / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     assert "val_loss" in metrics.splitlines()[0]
+
+
+def cli_in(argv: Sequence[str]) -> None:
+    """The command line ``argv[1:]``, run in the folder ``argv[0]`` (a rank forked from the test's
+    forkserver starts in the server's folder)."""
+    os.chdir(argv[0])
+    main(list(argv[1:]))
+
+
+@pytest.mark.slow
+def test_the_mixture_config_trains_on_two_ranks_and_resumes_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "mixture.yaml")
+    small = ["--data.init_args.rows", "4000", "--data.init_args.batch_size", "32", "--trainer.max_epochs", "1"]
+    quiet = ["--trainer.enable_progress_bar", "false"]
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "20"]
+    torchrun(cli_in, [str(tmp_path), "fit", "--config", config, *small, *quiet, *ddp], 2, tmp_path)
+    checkpoints = tmp_path / "runs" / "mixture" / "checkpoints"
+    stopped = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert stopped["global_step"] == 20 and stopped[CHECKPOINT_KEY]["world_size"] == 2
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", config, *small, *quiet, "--ckpt_path", str(checkpoints / "last.ckpt")])
+    resumed = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    # One process goes on with the rows the two ranks had not read, each table's pass re-planned.
+    assert resumed["global_step"] > 20 and resumed[CHECKPOINT_KEY]["world_size"] == 1

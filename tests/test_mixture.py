@@ -111,6 +111,7 @@ def test_each_table_arrives_in_order_until_the_stop_rule_and_resumes_exactly(
 
             whole = delivered(mixture())
             assert delivered(mixture()) == whole
+            assert mixture().batches(0) == len(whole), "counted ahead, the epoch has another length"
             passes = [one_pass(replace(spec, columns=("id",)), batch_size, rank, world_size) for spec, _ in pairs]
             complete, ended = [], []
             for index, rows in enumerate(passes):
@@ -220,6 +221,7 @@ def test_stateful_dataloader_resumes_the_mixture_exactly(make_table: Callable[..
 
     whole = delivered(loader())
     assert {table for table, _ in whole} == {0, 1}
+    assert loader().dataset.batches(workers) == len(whole)
     before, after = stopped_and_resumed(loader, 9)
     assert delivered(before) + delivered(after) == whole
 

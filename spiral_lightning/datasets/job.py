@@ -29,6 +29,12 @@ def distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def grouped(rank: int, world_size: int) -> bool:
+    """Whether the default ``torch.distributed`` group is the ranks of a dataset on ``rank`` of
+    ``world_size``, so that they can share counts."""
+    return distributed() and (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (rank, world_size)
+
+
 def pinned(spec: TableSpec, rank: int, broadcast: Broadcast | None) -> TableSpec:
     """``spec`` pinned to the version rank 0 resolves now, so that no rank reads a newer one
     (resolved here when there is no ``broadcast``: a single process). Only the pin travels, not

@@ -16,6 +16,7 @@ import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.mixing import count_batches, next_table
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.tensors import to_torch
 
@@ -188,9 +190,35 @@ class Mixture(IterableDataset[Any]):
 
     def __len__(self) -> int:
         raise TypeError(
-            "a Mixture has no length: where its stop rule ends each consumer's epoch depends on every table's "
-            "share and on the worker count; count batches by iterating an epoch"
+            "a Mixture has no length in rows: where its stop rule ends each consumer's epoch depends on every "
+            "table's share and on the worker count; batches(num_workers) counts its batches"
         )
+
+    @property
+    def version(self) -> str:
+        """The pinned versions of the tables, in order, as one name."""
+        return " + ".join(table.spec.version for table in self.tables)
+
+    def batches(self, workers: int) -> int:
+        """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
+        workers (0 reads in the main process): each consumer's, from the rows every pass of every
+        table gives it (``planning.mixing.count_batches``), without reading a row."""
+        consumers = max(1, workers)
+        rows: dict[tuple[int, int], list[int]] = {}
+
+        def pass_rows(worker: int, table: int, passes: int) -> int:
+            if (table, passes) not in rows:
+                rows[table, passes] = self.tables[table].consumer_rows(workers, pass_epoch(self.epoch, passes))
+            return rows[table, passes][worker]
+
+        first = self.tables[0]
+        total = 0
+        for worker in range(consumers):
+            shard = Shard(first.rank, first.world_size, worker, consumers)
+            phases = _phases(self.seed, self.epoch, shard, len(self.tables))
+            start = self._first_progress(shard)
+            total += count_batches(start, partial(pass_rows, worker), phases, self.weights, self.batch_size, self.stop)
+        return total
 
     def _state(self) -> MixtureState:
         shard = self.shard()
@@ -327,21 +355,16 @@ class Mixture(IterableDataset[Any]):
         if ended(self.stop, self._progress):
             # A state saved after the consumer's last batch: its epoch is over.
             return
-        for index, table in enumerate(self.tables):
-            if not self._live[index]:
-                table.set_epoch(pass_epoch(self.epoch, self._progress[index].passes))
-        for index, table in enumerate(self.tables):
+        for number, table in enumerate(self.tables):
+            if not self._live[number]:
+                table.set_epoch(pass_epoch(self.epoch, self._progress[number].passes))
             try:
                 table.source()
             except ValueError as error:
-                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+                raise ValueError(f"table {number} of the mixture ({table.spec.uri}): {error}") from error
         phases = _phases(self.seed, self.epoch, shard, len(self.tables))
         streams: list[Iterator[Any] | None] = [None] * len(self.tables)
-        while True:
-            chosen = [index for index, progress in enumerate(self._progress) if not progress.empty]
-            if not chosen:
-                return
-            index = min(chosen, key=lambda i: (self._deficit(i, phases[i]), i))
+        while (index := next_table(self._progress, phases, self.weights, self.batch_size)) is not None:
             batch = self._next(index, streams)
             if batch is _END:
                 return
@@ -350,11 +373,6 @@ class Mixture(IterableDataset[Any]):
             progress = self._progress[index]
             self._progress[index] = progress._replace(rows=progress.rows + _rows(batch))
             yield self._tag(batch, index)
-
-    def _deficit(self, index: int, phase: float) -> float:
-        """The rows table ``index`` delivered per unit of weight, shifted by its phase: the table
-        with the smallest is furthest behind its share and is read next."""
-        return (self._progress[index].rows + phase * self.batch_size) / self.weights[index]
 
     def _next(self, index: int, streams: list[Iterator[Any] | None]) -> Any:
         """The next batch of table ``index``; ``_END`` when the epoch ends, ``_AGAIN`` when the

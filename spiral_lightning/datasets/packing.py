@@ -17,6 +17,7 @@ from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_saved
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, DROPPED
+from spiral_lightning.datasets.job import grouped
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.lists import every_shard
 from spiral_lightning.reading.frames import Last, start_of
@@ -187,7 +188,7 @@ class PackedDataset(TableDataset):
         (items counted before are not read again). A collective, called like
         ``TableDataset.count_shared``, with or without a filter; without a process group of this
         dataset's ranks it does nothing, and each rank counts alone when asked."""
-        if not self._ranks_grouped():
+        if not grouped(self.rank, self.world_size):
             return
         shards = every_shard(self.world_size, max(1, workers))
         every = list(dict.fromkeys(item for shard in shards for item in self.work(shard)))

@@ -19,6 +19,7 @@ from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Consumer
+from spiral_lightning.datasets.job import grouped
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.lineage import Lineage
@@ -211,12 +212,17 @@ class TableDataset(Consumer, IterableDataset[Any]):
         ``batch_size``, the shorter tail counted with ``last="keep_partial"``."""
         if self.batch_size is None:
             raise ValueError("a dataset without a batch_size yields read batches, which cannot be counted ahead")
-        consumers = max(1, workers)
-        total = 0
-        for counted in self._rows(consumers, self.rank).tolist():
-            rows = self._capped(counted)
-            total += math.ceil(rows / self.batch_size) if self.last == "keep_partial" else rows // self.batch_size
-        return total
+        size, partial = self.batch_size, self.last == "keep_partial"
+        return sum(math.ceil(rows / size) if partial else rows // size for rows in self.consumer_rows(workers))
+
+    def consumer_rows(self, workers: int, epoch: int | None = None) -> list[int]:
+        """The rows each of this rank's consumers (by worker) reads in ``epoch`` (this one when
+        ``None``), after the quota; a count only: the dataset stays in its epoch and position."""
+        now, self._settings[0] = self.epoch, self.epoch if epoch is None else epoch
+        try:
+            return [self._capped(rows) for rows in self._rows(max(1, workers), self.rank).tolist()]
+        finally:
+            self._settings[0] = now
 
     def even_rows(self, workers: int) -> tuple[int, int]:
         """The rows every consumer of every rank reads in this epoch for equal batches when each
@@ -241,7 +247,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         DataModule and Ray's ``train_loader`` do before each epoch). Without a filter, a process
         group of this dataset's ranks or a built-in policy it does nothing, and counts are made
         by each rank alone when asked."""
-        if self.spec.filter is None or not self._ranks_grouped():
+        if self.spec.filter is None or not grouped(self.rank, self.world_size):
             return
         plan, policy, key = self._lists(max(1, workers))
         if key is None or key in self._unit_rows:
@@ -254,12 +260,6 @@ class TableDataset(Consumer, IterableDataset[Any]):
         for rank, part in enumerate(parts):
             counted[rank :: self.world_size] = part
         self._unit_rows[key] = counted
-
-    def _ranks_grouped(self) -> bool:
-        """Whether the default ``torch.distributed`` group is this dataset's ranks, to share counts."""
-        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-            return False
-        return (torch.distributed.get_rank(), torch.distributed.get_world_size()) == (self.rank, self.world_size)
 
     def _lists(self, workers: int) -> tuple[Plan, Policy, str | None]:
         """What this epoch's work lists are cut from when each rank has ``workers`` consumers:

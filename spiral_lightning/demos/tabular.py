@@ -14,10 +14,11 @@ from torch import nn
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.demos.data import CLASSES, FEATURES, demo_data, demo_table
 from spiral_lightning.lightning.datamodule import SpiralDataModule
+from spiral_lightning.lightning.mixing import MixedTable
 from spiral_lightning.lightning.padding import VALID
 
 #: ``demo_data`` and ``demo_table`` live in ``spiral_lightning.demos.data``; these paths still work.
-__all__ = ["CLASSES", "FEATURES", "DemoDataModule", "DemoModel", "demo_data", "demo_table"]
+__all__ = ["CLASSES", "FEATURES", "DemoDataModule", "DemoModel", "MixedDemoDataModule", "demo_data", "demo_table"]
 
 
 class DemoModel(pl.LightningModule):
@@ -87,3 +88,18 @@ class DemoDataModule(SpiralDataModule):
 
     def prepare_data(self) -> None:
         demo_table(self.root, rows=self.rows)
+
+
+class MixedDemoDataModule(SpiralDataModule):
+    """A ``SpiralDataModule`` that trains on a mixture of ``train`` tables, as a config names
+    them, each a local demo table written by ``prepare_data`` when missing (``rows`` rows for the
+    first, a quarter of that for the others). Other arguments are ``SpiralDataModule``'s."""
+
+    def __init__(self, train: list[MixedTable], rows: int = 40_000, **options: Any) -> None:
+        super().__init__(train=train, **options)
+        self.rows = rows
+
+    def prepare_data(self) -> None:
+        for index, (spec, _) in enumerate(self.mixture or ()):
+            if spec.uri.startswith("spiral:"):
+                demo_table(spec.uri.removeprefix("spiral:"), rows=self.rows if index == 0 else self.rows // 4)

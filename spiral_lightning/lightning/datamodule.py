@@ -16,21 +16,18 @@ from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
-from spiral_lightning.datasets.job import Layout, even_epoch, needs_replan, pinned
+from spiral_lightning.datasets.job import Layout, even_epoch, pinned
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, default_workers
 from spiral_lightning.datasets.mapstyle import TableMapDataset
+from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
-from spiral_lightning.lightning.checkpoint import (
-    MISSING_POSITION,
-    CheckpointPosition,
-    check_entry,
-    consumers,
-    seal_entry,
-)
+from spiral_lightning.lightning.checkpoint import MISSING_POSITION, CheckpointPosition, check_entry, seal_entry
 from spiral_lightning.lightning.loader import Position, SpiralLoader
 from spiral_lightning.lightning.map_access import MapTraining
+from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, shared_batches, train_mixture
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
+from spiral_lightning.lightning.positions import check_version, rank_position, replanned_position, replans, version_of
 from spiral_lightning.lightning.stall import DataStallMeter
 from spiral_lightning.planning.policies import as_policy, balanced
 from spiral_lightning.reading.frames import LAST_MODES, Last
@@ -63,7 +60,8 @@ class SpiralDataModule(pl.LightningDataModule):
     Without a ``val`` table ``val_dataloader`` is ``None``, so Lightning fits without validating.
 
     Args:
-        train: The train table: a ``TableSpec`` or a uri such as ``spiral:data/demo``.
+        train: The train table: a ``TableSpec`` or a uri such as ``spiral:data/demo``; or a
+            ``Mixture`` of tables by weight, a list of ``MixedTable(table, weight)``.
         val: The validation table, read in stored order (``balanced``).
         test: The test table, read as ``val``.
         predict: The predict table, read as ``val``.
@@ -91,11 +89,13 @@ class SpiralDataModule(pl.LightningDataModule):
         missing_position: A fit resumed mid-epoch from a checkpoint that holds no position:
             ``"refuse"`` (the default), or ``"restart_epoch"`` to read that epoch from its start.
         timeout: Seconds a loader waits for a worker's batch before it gives the worker up (0: ever).
+        stop: What ends a train mixture's epoch (see ``Mixture``): ``"first_exhausted"`` or ``"cycle"``.
+        table_key: With a train mixture, the key each batch holds its table's index under.
     """
 
     def __init__(
         self,
-        train: TableSpec | str | None = None,
+        train: TableSpec | str | list[MixedTable] | None = None,
         val: TableSpec | str | None = None,
         test: TableSpec | str | None = None,
         predict: TableSpec | str | None = None,
@@ -121,6 +121,8 @@ class SpiralDataModule(pl.LightningDataModule):
         stall_meter: bool = True,
         missing_position: Literal["refuse", "restart_epoch"] = "refuse",
         timeout: float = WORKER_TIMEOUT,
+        stop: Stop = "first_exhausted",
+        table_key: str | None = None,
     ) -> None:
         super().__init__()
         if packing is not None and (not isinstance(packing, Packing) or access == "map"):
@@ -141,11 +143,20 @@ class SpiralDataModule(pl.LightningDataModule):
                 "or 'spawn'"
             )
         self.tables: dict[Stage, TableSpec] = {}
+        self.mixture = None if not isinstance(train, list) else mixed_tables(train, storage_options, columns, filter)
         for stage, table in zip(get_args(Stage), (train, val, test, predict), strict=True):
-            if table is not None:
+            if table is not None and not isinstance(table, list):
                 self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
+        if self.mixture is not None and (packing is not None or access == "map" or last != "keep_partial"):
+            raise ValueError(
+                "a train mixture reads each table in batches whose pass ends with a partial one, and is neither "
+                f"packed nor read by index: leave packing, access and last at their defaults (given {packing!r}, "
+                f"{access!r}, {last!r})"
+            )
+        self.stop, self.table_key = stop, table_key
+        mixed = [spec for spec, _ in self.mixture or ()]
         self.batch_size = batch_size
-        runs_python = transform is not None or any(spec.media for spec in self.tables.values())
+        runs_python = transform is not None or any(spec.media for spec in [*self.tables.values(), *mixed])
         self.num_workers = num_workers = default_workers(runs_python) if num_workers is None else num_workers
         check_count("num_workers", num_workers)
         if shuffle and policy is not None:
@@ -172,7 +183,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self.stall_meter = stall_meter
         # Lightning warns that an IterableDataset's length "could be inaccurate"; a SpiralLoader's is exact.
         warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
-        for spec in self.tables.values():
+        for spec in [*self.tables.values(), *mixed]:
             # Opened once here, in the process that builds the DataModule, so an unknown column,
             # media column or filter fails now rather than inside a rank or a DataLoader worker. A
             # table not written yet is left to prepare_data, Lightning's place for writing it;
@@ -186,6 +197,7 @@ class SpiralDataModule(pl.LightningDataModule):
             self.val_dataloader = None  # type: ignore[method-assign,assignment]
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
+        self.mixture_train: Mixture | None = None
         self._train_loader: SpiralLoader | None = None
         self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
@@ -231,7 +243,9 @@ class SpiralDataModule(pl.LightningDataModule):
             self.datasets[name] = TableDataset(pinned, transform=transform, **own)
             if evaluates:
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
-        if stage == "fit" and "train" not in self.tables:
+        if stage == "fit" and self.mixture is not None:
+            self.mixture_train = self._train_mixture(settings, order)
+        elif stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
         trainer = self.trainer
         if stage == "fit" and trainer is not None:
@@ -241,10 +255,23 @@ class SpiralDataModule(pl.LightningDataModule):
             # Finds this DataModule's position in a checkpoint whatever its class is called.
             if not any(isinstance(callback, CheckpointPosition) for callback in callbacks):
                 callbacks.append(CheckpointPosition())
+            if self.mixture is not None and not trainer.reload_dataloaders_every_n_epochs:  # type: ignore[attr-defined]
+                # A mixture's epochs differ in length (each draws its phases), which Lightning
+                # learns only from a train loader made anew.
+                trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
-        if self._restored is not None and "train" in self.datasets:
-            self._check_version(self._restored, self.datasets["train"])
+        if self._restored is not None and (train := self._train()) is not None:
+            check_version(self._restored, train)
+
+    def _train_mixture(self, settings: dict[str, Any], order: dict[str, Any]) -> Mixture:
+        """The train ``Mixture`` of this rank, its tables pinned as every rank reads them."""
+        pairs = [(self._pinned(spec), weight) for spec, weight in self.mixture or ()]
+        own = {name: settings[name] for name in ("batch_size", "policy", "rank", "world_size", "read_ahead")}
+        return train_mixture(pairs, {**own, "seed": self.seed, **order}, self.stop, self.table_key, self.transform)
+
+    def _train(self) -> TableDataset | Mixture | None:
+        return self.datasets.get("train") if self.mixture_train is None else self.mixture_train
 
     def _pinned(self, spec: TableSpec) -> TableSpec:
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
@@ -271,30 +298,31 @@ class SpiralDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> SpiralLoader:
         if self.map_train is not None:
             return self._map_loader(self.map_train)
-        dataset = self._dataset("train")
-        dataset.check_shares(self.num_workers)
+        dataset = self._dataset("train") if self.mixture_train is None else self.mixture_train
+        for table in dataset.tables if isinstance(dataset, Mixture) else (dataset,):
+            table.check_shares(self.num_workers)
         epoch = self._epoch()
-        restored, replanned = self._take_restored(dataset, partial(self._replan, dataset))
+        restored, replanned = self._take_restored(dataset, partial(replanned_position, dataset, now=self._layout()))
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
         )
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
-        elif restored is not None:
-            self._restore(loader, restored)
+        elif restored is not None and (position := rank_position(restored, self._rank()[0])) is not None:
+            loader.restore(position)
         self._train_loader = loader
         return loader
 
     def _take_restored(
-        self, dataset: TableDataset | TableMapDataset, replan: Callable[[dict[str, Any]], Position | None]
+        self, dataset: TableDataset | TableMapDataset | Mixture, replan: Callable[[dict[str, Any]], Position | None]
     ) -> tuple[dict[str, Any] | None, Position | None]:
         """The checkpoint state the train loader resumes from, taken once, and the position
         ``replan`` makes of it when it was saved under another topology or inside a re-plan."""
         restored, self._restored = self._restored, None
         if restored is None:
             return None, None
-        self._check_version(restored, dataset)
+        check_version(restored, dataset)
         return restored, replan(restored) if self._replans(restored) else None
 
     def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
@@ -317,28 +345,11 @@ class SpiralDataModule(pl.LightningDataModule):
         )
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
-        elif restored is not None:
-            self._restore(loader, restored)
+        elif restored is not None and (position := rank_position(restored, self._rank()[0])) is not None:
+            loader.restore(position)
         self._train_loader = loader
         self._map_training = training
         return loader
-
-    def _replan(self, dataset: TableDataset, state: dict[str, Any]) -> Position | None:
-        """Share the rows that ``state``'s consumers had not delivered among this run's: the
-        epoch and the batches it had delivered, or ``None`` when no rank had started reading."""
-        positions = [rank["position"] for rank in state["ranks"]]
-        if all(position is None for position in positions):
-            return None
-        if any(position is None for position in positions):
-            raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
-        dataset.load_elastic(consumers(state), lineage=state.get("lineage"))
-        saved_batch = state.get("batch_size", self.batch_size)
-        rank_zero_info(
-            f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
-            f"num_workers={state['num_workers']} and batch_size={saved_batch}, for {dataset.world_size} ranks with "
-            f"num_workers={self.num_workers} and batch_size={self.batch_size}"
-        )
-        return Position(dataset.epoch, positions[0]["batches"], {})
 
     def val_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("val")
@@ -361,6 +372,12 @@ class SpiralDataModule(pl.LightningDataModule):
     def _prepare(self, epoch: int) -> int:
         """Set the train dataset up for ``epoch``: its work lists and, for even batches, the
         quota of every consumer. The rank's batches in that epoch."""
+        if self.mixture_train is not None:
+            self.mixture_train.set_epoch(epoch)
+            batches, note = shared_batches(self.mixture_train, self.num_workers, self.even_batches)
+            if note is not None:
+                rank_zero_info(f"SpiralDataModule: {note}")
+            return batches
         dataset = self._dataset("train")
         dataset.set_epoch(epoch)
         # Every rank prepares every epoch at the same point, so the counts can be shared.
@@ -388,7 +405,7 @@ class SpiralDataModule(pl.LightningDataModule):
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
         state = {
-            "version": loader.table.spec.version,
+            "version": version_of(loader.table),
             "world_size": world_size,
             "num_workers": self.num_workers,
             "batch_size": self.batch_size,
@@ -402,7 +419,7 @@ class SpiralDataModule(pl.LightningDataModule):
 
     def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
-        if isinstance(loader.table, TableDataset):
+        if isinstance(loader.table, TableDataset | Mixture):
             return loader.table.lineage()
         return None if self._map_training is None else self._map_training.lineage()
 
@@ -415,8 +432,8 @@ class SpiralDataModule(pl.LightningDataModule):
         trainer: Any = self.trainer
         if self._replans(state_dict) and trainer is not None and not trainer.reload_dataloaders_every_n_epochs:
             trainer.reload_dataloaders_every_n_epochs = 1
-        if "train" in self.datasets:
-            self._check_version(state_dict, self.datasets["train"])
+        if (train := self._train()) is not None:
+            check_version(state_dict, train)
         self._restored = state_dict
 
     @property
@@ -424,30 +441,8 @@ class SpiralDataModule(pl.LightningDataModule):
         """Whether a checkpoint's position was loaded and waits for the next train loader."""
         return self._restored is not None
 
-    @staticmethod
-    def _check_version(state: dict[str, Any], dataset: TableDataset | TableMapDataset) -> None:
-        if state["version"] != dataset.spec.version:
-            raise ValueError(
-                f"the checkpoint was saved reading table version {state['version']}, but this run reads version "
-                f"{dataset.spec.version} ({dataset.spec.uri}); a position is only valid in the version it was "
-                "saved in: train on that version, or start this one without ckpt_path"
-            )
+    def _layout(self) -> Layout:
+        return Layout(self._rank()[1], self.num_workers, self.batch_size)
 
     def _replans(self, state: dict[str, Any]) -> bool:
-        """Whether ``state``'s positions continue through a re-planned remainder: saved under
-        another world size, worker count or batch size, or inside an epoch re-planned before."""
-        if self.access == "map":
-            inside = "lineage" in state
-        else:
-            inside = any("remainder" in consumer for consumer in consumers(state))
-        # Checkpoints of release 0.1 hold no batch size: they resume under the one given now.
-        saved = Layout(state["world_size"], state["num_workers"], state.get("batch_size", self.batch_size))
-        return needs_replan(saved, Layout(self._rank()[1], self.num_workers, self.batch_size), inside_replan=inside)
-
-    def _restore(self, loader: SpiralLoader, state: dict[str, Any]) -> None:
-        rank, _ = self._rank()
-        saved = state["ranks"][rank]
-        if saved["rank"] != rank:
-            raise ValueError(f"the checkpoint's position {rank} belongs to rank {saved['rank']}")
-        if saved["position"] is not None:
-            loader.restore(Position(**saved["position"]))
+        return replans(state, self._layout(), map_access=self.access == "map")

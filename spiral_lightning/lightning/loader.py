@@ -16,6 +16,7 @@ from spiral_lightning.core.integrity import dataset_states
 from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital_warning
 from spiral_lightning.datasets.mapstyle import TableMapDataset
+from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
@@ -40,8 +41,8 @@ class Position(NamedTuple):
 
 
 class SpiralLoader(Loader):
-    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``, or with a
-    ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
+    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset`` or a ``Mixture``,
+    or with a ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
 
     ``len`` is ``batches``, the exact batches of this rank in the epoch, so Lightning counts the
     epoch, its progress bar and its limits in batches rather than rows. ``epoch`` (when given)
@@ -64,7 +65,7 @@ class SpiralLoader(Loader):
 
     def __init__(
         self,
-        dataset: TableDataset | TableMapDataset,
+        dataset: TableDataset | TableMapDataset | Mixture,
         *,
         batches: int,
         epoch: Callable[[], int] | None = None,

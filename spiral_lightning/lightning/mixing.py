@@ -1,0 +1,88 @@
+"""Training a SpiralDataModule on a weighted mixture of tables: the tables as a config names them,
+the ``Mixture`` they make, and the epoch length every rank shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import torch.distributed
+
+from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
+from spiral_lightning.datasets.mixture import Mixture, Stop
+from spiral_lightning.reading.tensors import to_torch
+
+
+@dataclass(frozen=True)
+class MixedTable:
+    """One table of the mixture a ``SpiralDataModule`` trains on: a spec or uri and its weight, its
+    share of the rows delivered (weights need not sum to 1).
+
+        data = SpiralDataModule(train=[MixedTable("spiral:data/web", 0.7), MixedTable("spiral:data/books", 0.3)])
+
+    In a config: ``train: [{table: spiral:data/web, weight: 0.7}, {table: spiral:data/books, weight: 0.3}]``.
+    """
+
+    table: TableSpec | str
+    weight: float
+
+
+def mixed_tables(
+    train: Sequence[Any], storage_options: dict[str, Any] | None, columns: list[str] | None, filter: Any
+) -> list[tuple[TableSpec, float]]:
+    """The (spec, weight) pairs of a train mixture given as ``MixedTable`` values, mappings with
+    ``table`` and ``weight``, or pairs, with the DataModule's columns and filter applied;
+    ``ValueError`` naming the entry that is none of them."""
+    pairs = []
+    for index, entry in enumerate(train):
+        if isinstance(entry, Mapping) and set(entry) == {"table", "weight"}:
+            entry = MixedTable(entry["table"], entry["weight"])
+        elif isinstance(entry, tuple | list) and len(entry) == 2:
+            entry = MixedTable(*entry)
+        if not isinstance(entry, MixedTable) or not isinstance(entry.table, TableSpec | str):
+            raise ValueError(
+                f"train[{index}] of the mixture must be a MixedTable(table, weight), {{table: ..., weight: ...}} "
+                f"or a (table, weight) pair, not {entry!r}"
+            )
+        pairs.append((with_selection(as_spec(entry.table, storage_options), columns, filter), entry.weight))
+    if not pairs:
+        raise ValueError("train is an empty list; give one table, or a mixture of (table, weight) entries")
+    return pairs
+
+
+def then_transform(transform: Callable[[Any], Any], batch: pa.RecordBatch) -> Any:
+    """A mixture's collate with a DataModule's ``transform``: tensors, then the transform."""
+    return transform(to_torch(batch))
+
+
+def train_mixture(
+    pairs: Sequence[tuple[TableSpec, float]],
+    settings: Mapping[str, Any],
+    stop: Stop,
+    table_key: str | None,
+    transform: Callable[[Any], Any] | None,
+) -> Mixture:
+    """The ``Mixture`` of pinned ``pairs`` a rank trains on, with the DataModule's ``settings``
+    (batch size, rank, world size, policy or shuffle, seed, read-ahead)."""
+    collate = to_torch if transform is None else partial(then_transform, transform)
+    return Mixture(pairs, stop=stop, table_key=table_key, collate=collate, **settings)
+
+
+def shared_batches(mixture: Mixture, workers: int, even: bool) -> tuple[int, str | None]:
+    """This rank's batches in the mixture's epoch and, under ``even`` batches with more than one
+    rank, the note rank 0 logs: every rank reads the fewest batches any rank has (a collective,
+    called by every rank at the same point of each epoch), the rest of each rank left out."""
+    batches = mixture.batches(workers)
+    if not even or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return batches, None
+    counts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(counts, batches)
+    fewest = min(counts)
+    note = (
+        f"even batches in mixture epoch {mixture.epoch}: each of the {len(counts)} ranks reads {fewest} batches "
+        f"(ranks have {counts}), leaving out {sum(counts) - fewest * len(counts)} batches of this epoch"
+    )
+    return fewest, note

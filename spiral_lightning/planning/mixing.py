@@ -1,0 +1,60 @@
+"""How a ``Mixture`` consumer chooses its next table, and how many batches its epoch holds.
+
+The choice is a deficit rule: the table whose delivered rows, shifted by its phase (a fraction
+of a batch drawn per consumer and epoch), lag furthest behind its weight is read next. It depends
+on counts only, so the batches of a consumer's epoch follow from the rows each pass of each table
+gives it, without reading a row: that is what lets every rank of a job agree on one epoch length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from spiral_lightning.core.mixture_state import Progress, ended
+
+
+def next_table(
+    progress: Sequence[Progress], phases: Sequence[float], weights: Sequence[float], batch_size: int
+) -> int | None:
+    """The table a consumer standing at ``progress`` reads next: the least ``(rows + phase *
+    batch_size) / weight`` among the tables not dropped as empty, lowest index on ties; ``None``
+    when every table was dropped."""
+    chosen = [index for index, table in enumerate(progress) if not table.empty]
+    if not chosen:
+        return None
+    return min(chosen, key=lambda i: ((progress[i].rows + phases[i] * batch_size) / weights[i], i))
+
+
+def count_batches(
+    start: Sequence[Progress],
+    pass_rows: Callable[[int, int], int],
+    phases: Sequence[float],
+    weights: Sequence[float],
+    batch_size: int,
+    stop: str,
+) -> int:
+    """The batches a consumer delivers from ``start`` (each table's pass and rows delivered when its
+    epoch, or a re-plan of it, begins) to the end of its epoch under ``stop``, where
+    ``pass_rows(table, passes)`` gives the rows that pass of that table holds for it. A table's
+    batches are frames of ``batch_size`` rows, the last of a pass shorter, as ``TableDataset``
+    cuts them with ``last="keep_partial"``; the steps are ``Mixture.__iter__``'s, on counts."""
+    progress = list(start)
+    left: list[int | None] = [None] * len(progress)
+    batches = 0
+    while (index := next_table(progress, phases, weights, batch_size)) is not None:
+        rows = left[index]
+        if rows is None:
+            rows = pass_rows(index, progress[index].passes)
+        if rows == 0:
+            table = progress[index] = progress[index]._replace(passes=progress[index].passes + 1)
+            if ended(stop, progress):
+                return batches
+            rows = pass_rows(index, table.passes)
+            if rows == 0:
+                progress[index] = table._replace(empty=True)
+                continue
+        taken = min(batch_size, rows)
+        left[index] = rows - taken
+        progress[index] = progress[index]._replace(rows=progress[index].rows + taken)
+        batches += 1
+    return batches

@@ -1,0 +1,93 @@
+"""SpiralDataModule training on a weighted mixture of tables: the batches of the Mixture it makes,
+counted ahead so the epoch has its length, resumed mid-epoch from a checkpoint, equal steps on two
+DDP ranks, and a resume of that run as one process that re-plans each table's pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spiral_lightning import MixedTable, Mixture, SpiralDataModule, TableSpec
+from tests.lightning_job import TABLE_IDS, Recorder
+from tests.test_datamodule import checkpoints, ids_in, trainer
+from tests.test_elastic_lightning import run
+
+
+def reference(pairs: list[tuple[TableSpec, float]], stop: Any, epoch: int) -> list[list[int]]:
+    """The batches one consumer of the mixture delivers in ``epoch``, ids told apart by table."""
+    mixture = Mixture(pairs, batch_size=25, stop=stop, table_key="table", columns=["id", "x"])
+    mixture.set_epoch(epoch)
+    return [(batch["id"] + TABLE_IDS * batch["table"]).tolist() for batch in mixture]
+
+
+def data(pairs: list[tuple[TableSpec, float]], stop: Any, workers: int = 0) -> SpiralDataModule:
+    train = [MixedTable(spec, weight) for spec, weight in pairs]
+    return SpiralDataModule(train, batch_size=25, num_workers=workers, stop=stop, table_key="table")
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "cycle"])
+def test_a_mixture_trains_as_the_mixture_reads_and_resumes_mid_epoch(
+    make_table: Callable[..., TableSpec], tmp_path: Path, stop: str
+) -> None:
+    pairs = [(make_table([300, 200], columns=["id", "x"]), 3.0), (make_table([130], columns=["id", "x"]), 1.0)]
+    whole = [reference(pairs, stop, epoch) for epoch in range(2)]
+    first = Recorder()
+    run = trainer(tmp_path, max_epochs=2, max_steps=9, callbacks=[checkpoints(tmp_path, 9)])
+    run.fit(first, datamodule=data(pairs, stop))
+    assert [ids for _, _, ids in first.seen] == whole[0][:9]
+    resumed = Recorder()
+    trainer(tmp_path, max_epochs=2).fit(resumed, datamodule=data(pairs, stop), ckpt_path=tmp_path / "step=9.ckpt")
+    assert [ids for epoch, _, ids in resumed.seen if epoch == 0] == whole[0][9:]
+    # The next epoch has its own phases, so another length, which the loader reports anew.
+    assert [ids for epoch, _, ids in resumed.seen if epoch == 1] == whole[1]
+    assert len(whole[0]) != len(whole[1]) or whole[0] != whole[1]
+
+
+@pytest.mark.slow
+def test_a_mixture_read_by_workers_resumes_under_another_worker_count(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    pairs = [(make_table([300, 200], columns=["id", "x"]), 3.0), (make_table([130], columns=["id", "x"]), 1.0)]
+    first = Recorder()
+    run = trainer(tmp_path, max_epochs=1, max_steps=8, callbacks=[checkpoints(tmp_path, 8)])
+    run.fit(first, datamodule=data(pairs, "first_exhausted", workers=2))
+    resumed = Recorder()
+    trainer(tmp_path, max_epochs=1).fit(
+        resumed, datamodule=data(pairs, "first_exhausted", workers=0), ckpt_path=tmp_path / "step=8.ckpt"
+    )
+    before, after = ids_in(first.seen, 0), ids_in(resumed.seen, 0)
+    assert len(before) == 8 * 25 and after
+    assert len(set(before + after)) == len(before + after), "a row of a table's pass came twice"
+
+
+def test_a_mixture_refuses_what_it_cannot_read(make_table: Callable[..., TableSpec]) -> None:
+    spec = make_table([50], columns=["id", "x"])
+    with pytest.raises(ValueError, match=r"train\[1\] of the mixture must be a MixedTable"):
+        SpiralDataModule([MixedTable(spec, 1.0), "spiral:elsewhere"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="leave packing, access and last at their defaults"):
+        SpiralDataModule([MixedTable(spec, 1.0)], access="map")
+    with pytest.raises(ValueError, match="weight of table 0 of the mixture must be a positive number"):
+        SpiralDataModule([{"table": spec.uri, "weight": -1.0}]).setup("fit")  # type: ignore[list-item]
+
+
+@pytest.mark.slow
+def test_ddp_ranks_take_equal_steps_and_resume_as_one_process(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    big = make_table([300, 40, 500, 160]).resolve()
+    small = make_table([90, 150], seed=3).resolve()
+    options = ["--batch-size", "25", "--mixed-with", small.uri]
+    whole = run(tmp_path, "whole", big.uri, 2, *options)
+    assert len(whole[0]["seen"]) == len(whole[1]["seen"]) > 0
+    first = run(tmp_path, "first", big.uri, 2, *options, "--max-steps", "6", "--checkpoint-every", "6")
+    assert [len(record["seen"]) for record in first] == [6, 6]
+    ckpt = str(tmp_path / "checkpoints" / "step=6.ckpt")
+    (resumed,) = run(tmp_path, "resumed", big.uri, 1, *options, "--workers", "0", "--ckpt-path", ckpt)
+    before = [row for record in first for _, _, ids in record["seen"] for row in ids]
+    after = [row for _, _, ids in resumed["seen"] for row in ids]
+    assert len(before) == 2 * 6 * 25 and after
+    assert len(set(before + after)) == len(before + after), "a row of a table's pass came twice"
+    assert {row // TABLE_IDS for row in after} == {0, 1}
