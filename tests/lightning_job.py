@@ -21,7 +21,6 @@ from spiral_lightning import MixedTable, SpiralDataModule, Split, TableSpec, Wor
 from spiral_lightning.core.plan import Shard
 from tests.tables import KEEP
 
-
 #: What a mixture's table index adds to its row ids in a ``Recorder``.
 TABLE_IDS = 1_000_000
 
