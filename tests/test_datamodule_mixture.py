@@ -23,8 +23,12 @@ def reference(pairs: list[tuple[TableSpec, float]], stop: Any, epoch: int) -> li
     return [(batch["id"] + TABLE_IDS * batch["table"]).tolist() for batch in mixture]
 
 
-def data(pairs: list[tuple[TableSpec, float]], stop: Any, workers: int = 0) -> SpiralDataModule:
-    train = [MixedTable(spec, weight) for spec, weight in pairs]
+def data(
+    pairs: list[tuple[TableSpec, float]], stop: Any, workers: int = 0, weights: tuple[float, ...] = ()
+) -> SpiralDataModule:
+    train = [
+        MixedTable(spec, weight) for (spec, _), weight in zip(pairs, weights or [w for _, w in pairs], strict=True)
+    ]
     return SpiralDataModule(train, batch_size=25, num_workers=workers, stop=stop, table_key="table")
 
 
@@ -61,6 +65,24 @@ def test_a_mixture_read_by_workers_resumes_under_another_worker_count(
     before, after = ids_in(first.seen, 0), ids_in(resumed.seen, 0)
     assert len(before) == 8 * 25 and after
     assert len(set(before + after)) == len(before + after), "a row of a table's pass came twice"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_new_weights_on_resume_take_over_from_the_checkpoint_and_lose_no_row(
+    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int
+) -> None:
+    pairs = [(make_table([1500], columns=["id", "x"]), 3.0), (make_table([1500], seed=1, columns=["id", "x"]), 1.0)]
+    first = Recorder()
+    run = trainer(tmp_path, max_epochs=1, max_steps=16, callbacks=[checkpoints(tmp_path, 16)])
+    run.fit(first, datamodule=data(pairs, "first_exhausted", workers=workers))
+    resumed = Recorder()
+    changed = data(pairs, "first_exhausted", weights=(1.0, 3.0))
+    trainer(tmp_path, max_epochs=1).fit(resumed, datamodule=changed, ckpt_path=tmp_path / "step=16.ckpt")
+    before, after = ids_in(first.seen, 0), ids_in(resumed.seen, 0)
+    assert len(before) == 16 * 25 and len(set(before + after)) == len(before + after)
+    # The rows after the checkpoint follow the new weights, 1 to 3 within a batch of each table.
+    start = [row // TABLE_IDS for row in after[:400]]
+    assert abs(start.count(1) - 300) <= 25, start.count(1)
 
 
 def test_a_mixture_refuses_what_it_cannot_read(make_table: Callable[..., TableSpec]) -> None:

@@ -398,9 +398,9 @@ def test_windows_re_plan_for_other_ranks_and_workers_every_window_exactly_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world_size", "workers"), [(1, 1), (3, 1), (1, 3)])
-def test_real_window_loaders_saved_as_2x2_resume_as_other_topologies(
-    tmp_path: Path, world_size: int, workers: int
+@pytest.mark.parametrize(("world_size", "workers", "batch_size"), [(1, 1, 7), (3, 1, 7), (1, 3, 4)])
+def test_real_window_loaders_saved_as_2x2_resume_as_other_topologies_and_batch_sizes(
+    tmp_path: Path, world_size: int, workers: int, batch_size: int
 ) -> None:
     sizes = [300, 170, 0, 410, 250]
     data = episode_table(sizes, seed=5)
@@ -408,8 +408,8 @@ def test_real_window_loaders_saved_as_2x2_resume_as_other_topologies(
     windows = Windows(size=3, stride=5, group_by="episode")
     expected = sorted(reference(data, sizes, windows, filtered=False))
 
-    def dataset(rank: int, world_size: int) -> WindowDataset:
-        return WindowDataset(spec, windows=windows, batch_size=7, rank=rank, world_size=world_size)
+    def dataset(rank: int, world_size: int, batch_size: int = 7) -> WindowDataset:
+        return WindowDataset(spec, windows=windows, batch_size=batch_size, rank=rank, world_size=world_size)
 
     delivered: list[tuple[int, ...]] = []
     states: list[dict[str, Any]] = []
@@ -422,9 +422,11 @@ def test_real_window_loaders_saved_as_2x2_resume_as_other_topologies(
         states += consumer_states(saving.state_dict())
     assert any(state["lead"] for state in states)
     for rank in range(world_size):
-        resumed = dataset(rank, world_size)
+        resumed = dataset(rank, world_size, batch_size)
         resumed.load_elastic(states)
-        delivered += [tuple(row) for batch in loader(resumed, workers) for row in batch["id"].tolist()]
+        batches = list(loader(resumed, workers))
+        assert all(len(batch["id"]) <= batch_size for batch in batches)
+        delivered += [tuple(row) for batch in batches for row in batch["id"].tolist()]
     assert sorted(delivered) == expected
 
 
@@ -534,15 +536,17 @@ def test_mixtures_re_plan_for_other_ranks_each_pass_exactly_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stop", "workers"), [("cycle", 3), ("first_exhausted", 3), ("cycle", 1)])
-def test_real_mixture_loaders_saved_with_2_workers_resume_with_other_workers(
-    make_table: Callable[..., TableSpec], stop: Stop, workers: int
+@pytest.mark.parametrize(
+    ("stop", "workers", "batch_size"), [("cycle", 3, 50), ("first_exhausted", 3, 80), ("cycle", 1, 50)]
+)
+def test_real_mixture_loaders_saved_with_2_workers_resume_with_other_workers_and_batch_sizes(
+    make_table: Callable[..., TableSpec], stop: Stop, workers: int, batch_size: int
 ) -> None:
     sizes = [[900, 600, 700], [300, 200]]
     pairs = [(make_table(sizes[0], seed=4), 3.0), (make_table(sizes[1], seed=2, backend="parquet"), 1.0)]
 
-    def dataset() -> Mixture:
-        return Mixture(pairs, batch_size=50, seed=7, columns=["id"], stop=stop, table_key="table")
+    def dataset(batch_size: int = 50) -> Mixture:
+        return Mixture(pairs, batch_size=batch_size, seed=7, columns=["id"], stop=stop, table_key="table")
 
     delivered: list[tuple[int, list[int]]] = []
     saving = loader(dataset(), 2)
@@ -550,9 +554,10 @@ def test_real_mixture_loaders_saved_with_2_workers_resume_with_other_workers(
     # Early enough that both workers are in the first pass of every table.
     delivered += [(int(batch["table"]), batch["id"].tolist()) for batch in (next(reading) for _ in range(9))]
     states = consumer_states(saving.state_dict())
-    resumed = dataset()
+    resumed = dataset(batch_size)
     resumed.load_elastic(states)
     delivered += [(int(batch["table"]), batch["id"].tolist()) for batch in loader(resumed, workers)]
+    assert max(len(rows) for _, rows in delivered[9:]) == batch_size
     for table, table_sizes in enumerate(sizes):
         ids = [row for index, rows in delivered if index == table for row in rows]
         if stop == "cycle":

@@ -192,8 +192,10 @@ def test_bad_tables_columns_weights_and_states_are_named(make_table: Callable[..
     state = saved.state_dict()
     with pytest.raises(ValueError, match="seed: saved 1, now 2"):
         Mixture([(wide, 1), (narrow, 3)], batch_size=8, seed=2, columns=["id"]).load_state_dict(state)
-    with pytest.raises(ValueError, match="weights: saved"):
-        Mixture([(wide, 1), (narrow, 1)], batch_size=8, seed=1, columns=["id"]).load_state_dict(state)
+    with pytest.raises(ValueError, match="batch_size: saved 8, now 9"):
+        Mixture([(wide, 1), (narrow, 3)], batch_size=9, seed=1, columns=["id"]).load_state_dict(state)
+    with pytest.raises(ValueError, match="since must be 2 non-negative ints"):
+        Mixture([(wide, 1), (narrow, 3)], batch_size=8, seed=1, columns=["id"]).load_state_dict({**state, "since": [1]})
     broken = {**state, "tables": [{**state["tables"][0], "rows": -1}, state["tables"][1]]}
     with pytest.raises(ValueError, match=r"tables\[0\]\.rows must be a non-negative int"):
         Mixture([(wide, 1), (narrow, 3)], batch_size=8, seed=1, columns=["id"]).load_state_dict(broken)
@@ -270,3 +272,35 @@ def test_set_epoch_reaches_persistent_workers(make_table: Callable[..., TableSpe
     for epoch in (1, 2):
         assert epochs[epoch] == delivered(loader(mixture(epoch), persistent=False))
     assert epochs[1] != epochs[0]
+
+
+def test_new_weights_on_resume_shape_the_rows_after_the_stop_and_lose_none(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    first_table, second_table = make_table([4000], columns=["id"]), make_table([4000], seed=1, columns=["id"])
+
+    def mixture(weights: tuple[float, float]) -> Mixture:
+        pairs = [(first_table, weights[0]), (second_table, weights[1])]
+        return Mixture(pairs, batch_size=10, seed=3, columns=["id"], table_key="table")
+
+    saving = mixture((3, 1))
+    reading = iter(saving)
+    before = delivered([next(reading) for _ in range(40)])
+    changed = mixture((1, 3))
+    changed.load_state_dict(saving.state_dict())
+    after = delivered(changed)
+    shares = [len(rows_of(before, table)) for table in (0, 1)], [len(rows_of(after[:40], table)) for table in (0, 1)]
+    # Within a batch of each table: 3 to 1 before the stop, 1 to 3 in the 40 batches after it.
+    assert abs(shares[0][0] - 300) <= 10 and abs(shares[1][1] - 300) <= 10, shares
+    for table in (0, 1):
+        got = rows_of(before, table) + rows_of(after, table)
+        assert got == list(range(len(got))), "a row of a table came twice or was skipped"
+    # A state saved under the new weights keeps where they took effect: its resume is exact.
+    again = mixture((1, 3))
+    again.load_state_dict(saving.state_dict())
+    reading = iter(again)
+    middle = delivered([next(reading) for _ in range(25)])
+    assert again.state_dict()["since"] and middle == after[:25]
+    last = mixture((1, 3))
+    last.load_state_dict(again.state_dict())
+    assert middle + delivered(last) == after

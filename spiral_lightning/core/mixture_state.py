@@ -16,7 +16,8 @@ from spiral_lightning.core.state import check_saved
 MIXTURE_FORMAT = 1
 
 #: The settings a mixture state must match to be restored: of the consumer, and of the mixture.
-MIXTURE_SETTINGS = ("seed", "stop", "weights", "batch_size", "shard")
+#: Not the weights: a mixture given new ones applies them from the saved position on.
+MIXTURE_SETTINGS = ("seed", "stop", "batch_size", "shard")
 
 
 def pass_epoch(epoch: int, passes: int) -> int:
@@ -49,6 +50,8 @@ class MixtureState:
     ``tables`` holds each table's progress and ``states`` each table's ``TableDataset`` state for
     its current pass, ``None`` for a pass not begun. ``remainder`` is the digest of the lineage of
     an epoch re-planned from another topology (see ``spiral_lightning.elastic_mixture``).
+    ``weights`` are those in force and ``since`` each table's rows when they took effect (empty:
+    at the epoch's start), so that a change of weights shapes only the rows after it.
     """
 
     seed: int
@@ -60,6 +63,7 @@ class MixtureState:
     tables: tuple[Progress, ...]
     states: tuple[dict[str, Any] | None, ...]
     remainder: str | None = None
+    since: tuple[int, ...] = ()
     #: Whether the dictionary ``from_dict`` read still matched its digest (or had none).
     intact: bool = field(default=True, compare=False, repr=False)
 
@@ -81,6 +85,8 @@ class MixtureState:
         }
         if self.remainder is not None:
             data["remainder"] = self.remainder
+        if any(self.since):
+            data["since"] = list(self.since)
         return integrity.sealed(data)
 
     @classmethod
@@ -141,6 +147,9 @@ class MixtureState:
         remainder = data.get("remainder")
         if remainder is not None and not isinstance(remainder, str):
             raise TypeError(f"the Mixture state's remainder must be a lineage digest, not {str(remainder)[:100]!r}")
+        since = data.get("since", [])
+        if not isinstance(since, list | tuple) or len(since) not in (0, len(tables)) or not all(map(is_count, since)):
+            raise ValueError(f"the Mixture state's since must be {len(tables)} non-negative ints, not {since!r}")
         return cls(
             seed=data["seed"],
             stop=str(data["stop"]),
@@ -151,6 +160,7 @@ class MixtureState:
             tables=tuple(progress),
             states=tuple(states),
             remainder=remainder,
+            since=tuple(since),
             intact=integrity.intact(data),
         )
 

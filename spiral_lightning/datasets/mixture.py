@@ -1,19 +1,16 @@
 """Mixture: several table versions interleaved by weight into one resumable stream of batches.
 
-Each output batch comes from one table. Which table comes next is a deficit choice: the table
-whose delivered rows lag furthest behind its weight's share is read next, so the row proportions
-track the weights within about one batch per table at every point of the epoch. A seeded random
-draw would only match them on average (over 1,000 batches a 30% table drifts by 1.5% at one
-standard deviation), so the seed sets only where in the cycle each consumer starts.
-
-A consumer's state is a ``MixtureState`` (``mixture_state``); ``load_elastic`` re-plans a saved
-epoch for other ranks or workers (``elastic_mixture``).
+Each output batch comes from one table, chosen by ``planning.mixing.next_table``: the table
+furthest behind its weight's share, so the row proportions track the weights within about one
+batch per table at every point of the epoch (a seeded random draw would match them only on
+average); the seed sets where in the cycle each consumer starts. A consumer's state is a
+``MixtureState``; ``load_elastic`` re-plans a saved epoch for other ranks or workers
+(``planning.elastic_mixture``).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -25,7 +22,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count, check_positive
-from spiral_lightning.core.mixture_state import MIXTURE_SETTINGS, MixtureState, Progress, ended, pass_epoch
+from spiral_lightning.core.mixture_state import MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.core.plan import Policy, Shard
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import check_same_topology
@@ -34,7 +31,7 @@ from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import Lineage
-from spiral_lightning.planning.mixing import count_batches, next_table
+from spiral_lightning.planning.mixing import count_batches, next_table, phases_of
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.tensors import to_torch
 
@@ -59,8 +56,7 @@ class Mixture(IterableDataset[Any]):
     Every consumer (a DataLoader worker on one rank) reads its own work list of every table, as
     ``TableDataset`` does with ``policy`` (``balanced`` by default) or ``shuffle=True`` (each
     table shuffled for its size, from ``seed``), in frames of ``batch_size`` rows, and picks the next
-    table by deficit: the table with the least ``(rows delivered + phase * batch_size) / weight``,
-    lowest index on ties, where each table's phase in ``[0, 1)`` is drawn from ``(seed, epoch,
+    table by deficit (``planning.mixing.next_table``), from phases drawn from ``(seed, epoch,
     consumer)``, so consumers start their cycles at different tables.
 
     A table runs out when it is chosen and has no rows left. ``stop="first_exhausted"`` ends the
@@ -69,13 +65,12 @@ class Mixture(IterableDataset[Any]):
     pass)``) and ends the epoch when every table has been read to its end at least once; a pass
     that gives the consumer no rows drops the table for the rest of the epoch.
 
-    ``collate`` turns each frame into a batch (tensors by default); the mixture counts a batch's
-    rows as its ``len``, or the length of its first column when it is a mapping. With
-    ``table_key`` set, each batch (a mapping) also holds the index of its table under that key.
-    Each table reads ``read_ahead`` read batches ahead, as in ``TableDataset``.
+    ``collate`` turns each frame into a batch (tensors by default; a batch's rows are its ``len``,
+    or its first column's). With ``table_key`` set, each batch (a mapping) also holds the index
+    of its table under that key. Each table reads ``read_ahead`` read batches ahead.
     ``state_dict`` / ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: every table's
-    ``TableDataset`` state plus each table's passes and delivered rows. ``load_elastic`` continues
-    an epoch saved under other ranks or workers (see ``spiral_lightning.elastic_mixture``).
+    ``TableDataset`` state plus each table's passes and delivered rows; ``load_elastic``
+    continues an epoch saved under other ranks, workers or weights.
     """
 
     def __init__(
@@ -157,6 +152,9 @@ class Mixture(IterableDataset[Any]):
         self._resume: MixtureState | None = None
         self._start: MixtureStart | None = None
         self._lineage: MixtureLineage | None = None
+        # Each table's rows when the weights in force took effect; whether a re-plan starts them anew.
+        self._since: list[int] = []
+        self._restart = False
 
     def __getstate__(self) -> dict[str, Any]:
         self._epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
@@ -215,9 +213,10 @@ class Mixture(IterableDataset[Any]):
         total = 0
         for worker in range(consumers):
             shard = Shard(first.rank, first.world_size, worker, consumers)
-            phases = _phases(self.seed, self.epoch, shard, len(self.tables))
-            start = self._first_progress(shard)
-            total += count_batches(start, partial(pass_rows, worker), phases, self.weights, self.batch_size, self.stop)
+            phases = phases_of(self.seed, self.epoch, shard, len(self.tables))
+            start, since = self._first_progress(shard), self._first_since(shard)
+            rows_of = partial(pass_rows, worker)
+            total += count_batches(start, rows_of, phases, self.weights, self.batch_size, self.stop, since)
         return total
 
     def _state(self) -> MixtureState:
@@ -234,12 +233,19 @@ class Mixture(IterableDataset[Any]):
             tables=tuple(self._progress if begun else self._first_progress(shard)),
             states=tuple(table.state_dict() if on else None for table, on in zip(self.tables, live, strict=True)),
             remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
+            since=tuple(self._since if begun else self._first_since(shard)),
         )
 
     def _first_progress(self, shard: Shard) -> list[Progress]:
         """Where consumer ``shard`` starts this epoch: at the start, or where a re-plan puts it."""
         start = self._replanned()
         return start.progress(shard) if start is not None else [Progress()] * len(self.tables)
+
+    def _first_since(self, shard: Shard) -> list[int]:
+        """Each table's rows when this epoch's weights took effect for ``shard``: at the start, or
+        where a re-plan that changed the weights put it."""
+        start = self._replanned()
+        return [table.rows for table in start.progress(shard)] if start is not None and self._restart else []
 
     def _replanned(self) -> MixtureStart | None:
         """Where ``load_elastic`` starts every consumer, while its epoch lasts."""
@@ -252,8 +258,9 @@ class Mixture(IterableDataset[Any]):
         return self._state().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state saved by a mixture with the same tables, weights, seed, stop rule,
-        batch size and consumer; ``ValueError`` naming what differs otherwise."""
+        """Continue from a state saved by a mixture with the same tables, seed, stop rule, batch
+        size and consumer; ``ValueError`` naming what differs otherwise. Under other weights the
+        rows from the saved position on follow them; no row of a table's pass comes twice."""
         saved = MixtureState.from_dict(state, check_digest=False)
         check_same_topology("Mixture", saved.shard, self.shard())
         saved.check_matches(self._state())
@@ -281,17 +288,19 @@ class Mixture(IterableDataset[Any]):
         self._epoch[0] = saved.epoch
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
-        """Continue an epoch saved by every consumer of another topology (other world size or
-        worker count): each table's rows of its pass in progress that none of them delivered are
+        """Continue an epoch saved by every consumer under another world size, worker count, batch
+        size or weights: each table's rows of its pass in progress that none of them delivered are
         shared among this mixture's consumers, each exactly once, and later epochs plan as usual.
         ``states`` holds every saved consumer's ``state_dict``; when they continue an epoch
         re-planned before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when
         they differ in settings or epoch, or, under ``stop="cycle"``, are in different passes of a
         table (see ``spiral_lightning.elastic_mixture``)."""
         saved = [MixtureState.from_dict(state) for state in states]
+        # New weights (or ones that changed inside the saved epoch) shape the rows from the re-plan on.
+        self._restart = any(state.weights != self.weights or any(state.since) for state in saved)
         current = self._state()
         for state in saved:
-            state.check_matches(current, tuple(name for name in MIXTURE_SETTINGS if name != "shard"))
+            state.check_matches(current, ("seed", "stop"))
         tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
         passes, start = table_passes(saved, lineage, tables)
         lineages: list[Lineage] = []
@@ -349,6 +358,9 @@ class Mixture(IterableDataset[Any]):
         shard = self.shard()
         self._begun = self.epoch
         self._progress = list(resume.tables) if resume is not None else self._first_progress(shard)
+        self._since = self._first_since(shard)
+        if resume is not None:
+            self._since = [t.rows for t in resume.tables] if resume.weights != self.weights else list(resume.since)
         self._live = (
             [state is not None for state in resume.states] if resume is not None else [False] * len(self.tables)
         )
@@ -362,9 +374,9 @@ class Mixture(IterableDataset[Any]):
                 table.source()
             except ValueError as error:
                 raise ValueError(f"table {number} of the mixture ({table.spec.uri}): {error}") from error
-        phases = _phases(self.seed, self.epoch, shard, len(self.tables))
+        phases = phases_of(self.seed, self.epoch, shard, len(self.tables))
         streams: list[Iterator[Any] | None] = [None] * len(self.tables)
-        while (index := next_table(self._progress, phases, self.weights, self.batch_size)) is not None:
+        while (index := next_table(self._progress, phases, self.weights, self.batch_size, self._since)) is not None:
             batch = self._next(index, streams)
             if batch is _END:
                 return
@@ -428,13 +440,6 @@ def _project(spec: TableSpec, columns: Sequence[str] | None, index: int) -> Tabl
                     f"{list(spec.columns)}"
                 )
     return replace(spec, columns=tuple(columns))
-
-
-def _phases(seed: int, epoch: int, shard: Shard, tables: int) -> list[float]:
-    """Each table's starting phase for one consumer in one epoch; a string seed is hashed the same
-    way in every process, unlike ``hash`` of a tuple."""
-    generator = random.Random(f"{seed}:{epoch}:{shard.rank}:{shard.world_size}:{shard.worker}:{shard.workers}")
-    return [generator.random() for _ in range(tables)]
 
 
 def _rows(batch: Any) -> int:

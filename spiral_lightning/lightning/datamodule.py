@@ -445,4 +445,5 @@ class SpiralDataModule(pl.LightningDataModule):
         return Layout(self._rank()[1], self.num_workers, self.batch_size)
 
     def _replans(self, state: dict[str, Any]) -> bool:
-        return replans(state, self._layout(), map_access=self.access == "map")
+        weights = () if self.mixture_train is None else self.mixture_train.weights
+        return replans(state, self._layout(), map_access=self.access == "map", weights=weights)

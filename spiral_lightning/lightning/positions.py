@@ -36,10 +36,16 @@ def check_version(state: dict[str, Any], dataset: Train) -> None:
     )
 
 
-def replans(state: dict[str, Any], now: Layout, *, map_access: bool) -> bool:
+def replans(state: dict[str, Any], now: Layout, *, map_access: bool, weights: tuple[float, ...] = ()) -> bool:
     """Whether ``state``'s positions continue through a re-planned remainder: saved under another
-    world size, worker count or batch size than ``now``, or inside an epoch re-planned before."""
-    inside = "lineage" in state if map_access else any("remainder" in consumer for consumer in consumers(state))
+    world size, worker count or batch size than ``now``, inside an epoch re-planned before, or (a
+    mixture's, whose epoch length follows its weights) under other ``weights``."""
+    if map_access:
+        inside = "lineage" in state
+    else:
+        states = consumers(state)
+        inside = any("remainder" in consumer for consumer in states)
+        inside |= bool(weights) and any(tuple(consumer.get("weights", ())) != weights for consumer in states)
     # Checkpoints of release 0.1 hold no batch size: they resume under the one given now.
     saved = Layout(state["world_size"], state["num_workers"], state.get("batch_size", now.batch_size))
     return needs_replan(saved, now, inside_replan=inside)

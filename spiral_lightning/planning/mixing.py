@@ -8,21 +8,36 @@ gives it, without reading a row: that is what lets every rank of a job agree on 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 
 from spiral_lightning.core.mixture_state import Progress, ended
+from spiral_lightning.core.plan import Shard
+
+
+def phases_of(seed: int, epoch: int, shard: Shard, tables: int) -> list[float]:
+    """Each table's phase in ``[0, 1)`` for consumer ``shard`` in ``epoch``: where in the turn
+    order it starts. A string seed hashes the same in every process, unlike ``hash`` of a tuple."""
+    generator = random.Random(f"{seed}:{epoch}:{shard.rank}:{shard.world_size}:{shard.worker}:{shard.workers}")
+    return [generator.random() for _ in range(tables)]
 
 
 def next_table(
-    progress: Sequence[Progress], phases: Sequence[float], weights: Sequence[float], batch_size: int
+    progress: Sequence[Progress],
+    phases: Sequence[float],
+    weights: Sequence[float],
+    batch_size: int,
+    since: Sequence[int] = (),
 ) -> int | None:
-    """The table a consumer standing at ``progress`` reads next: the least ``(rows + phase *
-    batch_size) / weight`` among the tables not dropped as empty, lowest index on ties; ``None``
-    when every table was dropped."""
+    """The table a consumer standing at ``progress`` reads next: the least ``(rows - since +
+    phase * batch_size) / weight`` among the tables not dropped as empty, lowest index on ties;
+    ``None`` when every table was dropped. ``since`` holds each table's rows when ``weights``
+    took effect (none: all 0), so new weights shape the rows after their change only."""
     chosen = [index for index, table in enumerate(progress) if not table.empty]
     if not chosen:
         return None
-    return min(chosen, key=lambda i: ((progress[i].rows + phases[i] * batch_size) / weights[i], i))
+    base = since or [0] * len(progress)
+    return min(chosen, key=lambda i: ((progress[i].rows - base[i] + phases[i] * batch_size) / weights[i], i))
 
 
 def count_batches(
@@ -32,16 +47,18 @@ def count_batches(
     weights: Sequence[float],
     batch_size: int,
     stop: str,
+    since: Sequence[int] = (),
 ) -> int:
     """The batches a consumer delivers from ``start`` (each table's pass and rows delivered when its
     epoch, or a re-plan of it, begins) to the end of its epoch under ``stop``, where
     ``pass_rows(table, passes)`` gives the rows that pass of that table holds for it. A table's
     batches are frames of ``batch_size`` rows, the last of a pass shorter, as ``TableDataset``
-    cuts them with ``last="keep_partial"``; the steps are ``Mixture.__iter__``'s, on counts."""
+    cuts them with ``last="keep_partial"``; the steps are ``Mixture.__iter__``'s, on counts
+    (``since`` as ``next_table`` takes it)."""
     progress = list(start)
     left: list[int | None] = [None] * len(progress)
     batches = 0
-    while (index := next_table(progress, phases, weights, batch_size)) is not None:
+    while (index := next_table(progress, phases, weights, batch_size, since)) is not None:
         rows = left[index]
         if rows is None:
             rows = pass_rows(index, progress[index].passes)
