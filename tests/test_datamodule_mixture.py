@@ -89,7 +89,7 @@ def test_a_mixture_refuses_what_it_cannot_read(make_table: Callable[..., TableSp
     spec = make_table([50], columns=["id", "x"])
     with pytest.raises(ValueError, match=r"train\[1\] of the mixture must be a MixedTable"):
         SpiralDataModule([MixedTable(spec, 1.0), "spiral:elsewhere"])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="leave packing, access and last at their defaults"):
+    with pytest.raises(ValueError, match="leave packing, windows, access and last at their defaults"):
         SpiralDataModule([MixedTable(spec, 1.0)], access="map")
     with pytest.raises(ValueError, match="weight of table 0 of the mixture must be a positive number"):
         SpiralDataModule([{"table": spec.uri, "weight": -1.0}]).setup("fit")  # type: ignore[list-item]

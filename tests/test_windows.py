@@ -22,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning import Shard, TableSpec, WindowDataset, Windows, stripe
 from spiral_lightning.datasets.windows import WindowPosition, read_windows
 from spiral_lightning.reading.frames import start_of
+from spiral_lightning.reading.windows import count_windows
 from spiral_lightning.sources import open_source
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, THRESHOLD, write_uneven, write_uneven_parquet
@@ -120,8 +121,9 @@ def test_consumers_window_every_run_exactly_once_as_the_reference_does(
                     read_windows(source, items, WindowPosition(start_of(items)), windows, batch_size, "keep_partial")
                 )
                 assert all(batch.num_rows == batch_size * windows.size for batch, _ in batches[:-1])
-                for batch, _ in batches:
-                    found += window_ids(batch, windows.size)
+                mine = [window for batch, _ in batches for window in window_ids(batch, windows.size)]
+                assert count_windows(source, items, [], windows) == len(mine), "counted ahead, other windows"
+                found += mine
         if windows.group_by:
             assert all(len({episode_of[row] for row in window}) == 1 for window in found)
         assert sorted(found) == sorted(reference(data, sizes, windows, filtered))
@@ -154,6 +156,7 @@ def test_dataset_resumes_from_any_batch_exactly(
             options["world_size"] = world_size
             whole = [batch["id"].tolist() for batch in WindowDataset(spec, **options)]
             assert whole == [batch["id"].tolist() for batch in WindowDataset(spec, **options)]
+            assert WindowDataset(spec, **options).batches(0) == len(whole)
             cut = int(stop * len(whole))
             first = WindowDataset(spec, **options)
             delivering = iter(first)

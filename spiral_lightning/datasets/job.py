@@ -116,3 +116,31 @@ def needs_replan(saved: Layout, now: Layout, *, inside_replan: bool) -> bool:
     world size, worker count or batch size now, or saved inside an epoch re-planned before (whose
     consumers' lists exist only as a share of its remainder)."""
     return tuple(saved) != tuple(now) or inside_replan
+
+
+class CountedDataset(Protocol):
+    """A dataset that counts its epoch's batches ahead without even rows (``Mixture``,
+    ``WindowDataset``): its ranks are kept in step by reading the same number of batches."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def batches(self, workers: int) -> int: ...
+
+
+def fewest_batches(dataset: CountedDataset, workers: int, even: bool) -> tuple[int, str | None]:
+    """This rank's batches in ``dataset``'s epoch and, under ``even`` batches with more than one
+    rank, the note rank 0 logs: every rank reads the fewest batches any rank has (a collective,
+    called by every rank at the same point of each epoch), the rest of each rank left out."""
+    batches = dataset.batches(workers)
+    if not even or not distributed():
+        return batches, None
+    counts: list[int | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(counts, batches)
+    found = [int(count or 0) for count in counts]
+    fewest = min(found)
+    note = (
+        f"even batches in epoch {dataset.epoch}: each of the {len(found)} ranks reads {fewest} batches "
+        f"(ranks have {found}), leaving out {sum(found) - fewest * len(found)} batches of this epoch"
+    )
+    return fewest, note

@@ -12,25 +12,27 @@ import lightning.pytorch as pl
 import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from spiral_lightning.core.checks import check_count, check_positive
+from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
-from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, check_read_ahead, check_read_threads
-from spiral_lightning.datasets.job import Layout, even_epoch, pinned
+from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
+from spiral_lightning.datasets.job import Layout, even_epoch, fewest_batches, pinned
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, default_workers
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
-from spiral_lightning.lightning.checkpoint import MISSING_POSITION, CheckpointPosition, check_entry, seal_entry
+from spiral_lightning.datasets.windows import WindowDataset, Windows
+from spiral_lightning.lightning import positions
+from spiral_lightning.lightning.checkpoint import CheckpointPosition, check_entry, seal_entry
 from spiral_lightning.lightning.loader import Position, SpiralLoader
 from spiral_lightning.lightning.map_access import MapTraining
-from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, shared_batches, train_mixture
+from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, train_mixture
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
-from spiral_lightning.lightning.positions import check_version, rank_position, replanned_position, replans, version_of
+from spiral_lightning.lightning.settings import check_settings, check_train_kind
 from spiral_lightning.lightning.stall import DataStallMeter
-from spiral_lightning.planning.policies import as_policy, balanced
-from spiral_lightning.reading.frames import LAST_MODES, Last
+from spiral_lightning.planning.policies import as_policy, balanced, stripe
+from spiral_lightning.reading.frames import Last
 from spiral_lightning.reading.packing import Packing
 from spiral_lightning.sources import open_source
 
@@ -91,6 +93,8 @@ class SpiralDataModule(pl.LightningDataModule):
         timeout: Seconds a loader waits for a worker's batch before it gives the worker up (0: ever).
         stop: What ends a train mixture's epoch (see ``Mixture``): ``"first_exhausted"`` or ``"cycle"``.
         table_key: With a train mixture, the key each batch holds its table's index under.
+        windows: Train on windows of consecutive rows (a ``WindowDataset``, ``stripe`` unless a
+            ``policy`` is given); other stages read rows.
     """
 
     def __init__(
@@ -123,48 +127,40 @@ class SpiralDataModule(pl.LightningDataModule):
         timeout: float = WORKER_TIMEOUT,
         stop: Stop = "first_exhausted",
         table_key: str | None = None,
+        windows: Windows | None = None,
     ) -> None:
         super().__init__()
-        if packing is not None and (not isinstance(packing, Packing) or access == "map"):
-            raise ValueError(
-                f"packing must be a Packing(column, length, separator) read with access='iterable', not {packing!r} "
-                f"with access={access!r}"
-            )
-        self.packing = packing
-        check_positive("batch_size", batch_size)
-        if last not in LAST_MODES:
-            raise ValueError(f"last must be one of {LAST_MODES}, not {last!r}")
-        check_read_ahead(read_ahead)
-        check_read_threads(read_threads)
-        if multiprocessing_context not in (None, "forkserver", "spawn"):
-            raise ValueError(
-                f"multiprocessing_context {multiprocessing_context!r} is not supported: table readers cannot "
-                "continue in a process forked after its parent opened a table; use 'forkserver' (the default) "
-                "or 'spawn'"
-            )
+        check_settings(
+            batch_size=batch_size,
+            last=last,
+            read_ahead=read_ahead,
+            read_threads=read_threads,
+            multiprocessing_context=multiprocessing_context,
+            access=access,
+            missing_position=missing_position,
+            packing=packing,
+            shuffle=shuffle,
+            policy=policy,
+        )
+        others = {"transform": transform, "shuffle": shuffle}
+        check_train_kind(
+            mixture=isinstance(train, list), windows=windows, packing=packing, access=access, last=last, others=others
+        )
+        self.packing, self.windows = packing, windows
         self.tables: dict[Stage, TableSpec] = {}
         self.mixture = None if not isinstance(train, list) else mixed_tables(train, storage_options, columns, filter)
         for stage, table in zip(get_args(Stage), (train, val, test, predict), strict=True):
             if table is not None and not isinstance(table, list):
                 self.tables[stage] = with_selection(as_spec(table, storage_options), columns, filter)
-        if self.mixture is not None and (packing is not None or access == "map" or last != "keep_partial"):
-            raise ValueError(
-                "a train mixture reads each table in batches whose pass ends with a partial one, and is neither "
-                f"packed nor read by index: leave packing, access and last at their defaults (given {packing!r}, "
-                f"{access!r}, {last!r})"
-            )
         self.stop, self.table_key = stop, table_key
         mixed = [spec for spec, _ in self.mixture or ()]
         self.batch_size = batch_size
         runs_python = transform is not None or any(spec.media for spec in [*self.tables.values(), *mixed])
         self.num_workers = num_workers = default_workers(runs_python) if num_workers is None else num_workers
         check_count("num_workers", num_workers)
-        if shuffle and policy is not None:
-            raise ValueError(
-                f"shuffle=True chooses the train table's policy (a Shuffled sized for the table), so it cannot be "
-                f"given with policy={policy!r}; pass one of them"
-            )
         self.policy = as_policy(balanced if policy is None else policy, seed)
+        # Windows keep whole splits by default: balanced cuts them, and a window never crosses a cut.
+        self.train_policy = as_policy(stripe, seed) if windows is not None and policy is None else self.policy
         self.shuffle = shuffle
         self.last: Last = last
         self.pin_memory = pin_memory
@@ -173,11 +169,6 @@ class SpiralDataModule(pl.LightningDataModule):
         self.even_batches = even_batches
         self.read_ahead = read_ahead
         self.read_threads = read_threads
-        if access not in ("iterable", "map") or missing_position not in MISSING_POSITION:
-            raise ValueError(
-                f"access must be 'iterable' or 'map' (given {access!r}) and missing_position one of "
-                f"{MISSING_POSITION} (given {missing_position!r})"
-            )
         self.missing_position, self.timeout, self.access, self.seed = missing_position, timeout, access, seed
         self.transform = transform
         self.stall_meter = stall_meter
@@ -197,7 +188,8 @@ class SpiralDataModule(pl.LightningDataModule):
             self.val_dataloader = None  # type: ignore[method-assign,assignment]
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
-        self.mixture_train: Mixture | None = None
+        # A train dataset that counts its own batches: ranks read the fewest any rank has.
+        self.counted_train: Mixture | WindowDataset | None = None
         self._train_loader: SpiralLoader | None = None
         self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
@@ -237,6 +229,10 @@ class SpiralDataModule(pl.LightningDataModule):
                     **{**settings, **order},
                 )
                 continue
+            if name == "train" and self.windows is not None:
+                own = {key: settings[key] for key in ("batch_size", "last", "rank", "world_size", "read_ahead")}
+                self.counted_train = WindowDataset(pinned, windows=self.windows, policy=self.train_policy, **own)
+                continue
             evaluates = name != "train"
             transform = WithValid(self.transform) if evaluates else self.transform
             own = settings if evaluates else {**settings, **order}
@@ -244,7 +240,7 @@ class SpiralDataModule(pl.LightningDataModule):
             if evaluates:
                 check_unmasked(self.datasets[name].source().schema, name, self.tables[name].uri)
         if stage == "fit" and self.mixture is not None:
-            self.mixture_train = self._train_mixture(settings, order)
+            self.counted_train = self._train_mixture(settings, order)
         elif stage == "fit" and "train" not in self.tables:
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
         trainer = self.trainer
@@ -255,14 +251,14 @@ class SpiralDataModule(pl.LightningDataModule):
             # Finds this DataModule's position in a checkpoint whatever its class is called.
             if not any(isinstance(callback, CheckpointPosition) for callback in callbacks):
                 callbacks.append(CheckpointPosition())
-            if self.mixture is not None and not trainer.reload_dataloaders_every_n_epochs:  # type: ignore[attr-defined]
-                # A mixture's epochs differ in length (each draws its phases), which Lightning
-                # learns only from a train loader made anew.
+            if self.counted_train is not None and not trainer.reload_dataloaders_every_n_epochs:  # type: ignore[attr-defined]
+                # Such epochs differ in length (a mixture's draw their phases, windows follow their
+                # lists), which Lightning learns only from a train loader made anew.
                 trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
         if self._restored is not None and (train := self._train()) is not None:
-            check_version(self._restored, train)
+            positions.check_version(self._restored, train)
 
     def _train_mixture(self, settings: dict[str, Any], order: dict[str, Any]) -> Mixture:
         """The train ``Mixture`` of this rank, its tables pinned as every rank reads them."""
@@ -270,8 +266,8 @@ class SpiralDataModule(pl.LightningDataModule):
         own = {name: settings[name] for name in ("batch_size", "policy", "rank", "world_size", "read_ahead")}
         return train_mixture(pairs, {**own, "seed": self.seed, **order}, self.stop, self.table_key, self.transform)
 
-    def _train(self) -> TableDataset | Mixture | None:
-        return self.datasets.get("train") if self.mixture_train is None else self.mixture_train
+    def _train(self) -> TableDataset | Mixture | WindowDataset | None:
+        return self.datasets.get("train") if self.counted_train is None else self.counted_train
 
     def _pinned(self, spec: TableSpec) -> TableSpec:
         """``spec`` pinned to the version rank 0 resolved, so every rank reads that version."""
@@ -298,31 +294,33 @@ class SpiralDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> SpiralLoader:
         if self.map_train is not None:
             return self._map_loader(self.map_train)
-        dataset = self._dataset("train") if self.mixture_train is None else self.mixture_train
-        for table in dataset.tables if isinstance(dataset, Mixture) else (dataset,):
+        dataset = self._dataset("train") if self.counted_train is None else self.counted_train
+        for table in positions.tables_of(dataset):
             table.check_shares(self.num_workers)
         epoch = self._epoch()
-        restored, replanned = self._take_restored(dataset, partial(replanned_position, dataset, now=self._layout()))
+        restored, replanned = self._take_restored(
+            dataset, partial(positions.replanned_position, dataset, now=self._layout())
+        )
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         loader = SpiralLoader(
             dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
         )
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
-        elif restored is not None and (position := rank_position(restored, self._rank()[0])) is not None:
+        elif restored is not None and (position := positions.rank_position(restored, self._rank()[0])) is not None:
             loader.restore(position)
         self._train_loader = loader
         return loader
 
     def _take_restored(
-        self, dataset: TableDataset | TableMapDataset | Mixture, replan: Callable[[dict[str, Any]], Position | None]
+        self, dataset: positions.Train, replan: Callable[[dict[str, Any]], Position | None]
     ) -> tuple[dict[str, Any] | None, Position | None]:
         """The checkpoint state the train loader resumes from, taken once, and the position
         ``replan`` makes of it when it was saved under another topology or inside a re-plan."""
         restored, self._restored = self._restored, None
         if restored is None:
             return None, None
-        check_version(restored, dataset)
+        positions.check_version(restored, dataset)
         return restored, replan(restored) if self._replans(restored) else None
 
     def _map_loader(self, dataset: TableMapDataset) -> SpiralLoader:
@@ -345,7 +343,7 @@ class SpiralDataModule(pl.LightningDataModule):
         )
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
-        elif restored is not None and (position := rank_position(restored, self._rank()[0])) is not None:
+        elif restored is not None and (position := positions.rank_position(restored, self._rank()[0])) is not None:
             loader.restore(position)
         self._train_loader = loader
         self._map_training = training
@@ -372,9 +370,9 @@ class SpiralDataModule(pl.LightningDataModule):
     def _prepare(self, epoch: int) -> int:
         """Set the train dataset up for ``epoch``: its work lists and, for even batches, the
         quota of every consumer. The rank's batches in that epoch."""
-        if self.mixture_train is not None:
-            self.mixture_train.set_epoch(epoch)
-            batches, note = shared_batches(self.mixture_train, self.num_workers, self.even_batches)
+        if self.counted_train is not None:
+            self.counted_train.set_epoch(epoch)
+            batches, note = fewest_batches(self.counted_train, self.num_workers, self.even_batches)
             if note is not None:
                 rank_zero_info(f"SpiralDataModule: {note}")
             return batches
@@ -405,7 +403,7 @@ class SpiralDataModule(pl.LightningDataModule):
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
         state = {
-            "version": version_of(loader.table),
+            "version": positions.version_of(loader.table),
             "world_size": world_size,
             "num_workers": self.num_workers,
             "batch_size": self.batch_size,
@@ -433,7 +431,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if self._replans(state_dict) and trainer is not None and not trainer.reload_dataloaders_every_n_epochs:
             trainer.reload_dataloaders_every_n_epochs = 1
         if (train := self._train()) is not None:
-            check_version(state_dict, train)
+            positions.check_version(state_dict, train)
         self._restored = state_dict
 
     @property
@@ -445,5 +443,5 @@ class SpiralDataModule(pl.LightningDataModule):
         return Layout(self._rank()[1], self.num_workers, self.batch_size)
 
     def _replans(self, state: dict[str, Any]) -> bool:
-        weights = () if self.mixture_train is None else self.mixture_train.weights
-        return replans(state, self._layout(), map_access=self.access == "map", weights=weights)
+        weights = self.counted_train.weights if isinstance(self.counted_train, Mixture) else ()
+        return positions.replans(state, self._layout(), map_access=self.access == "map", weights=weights)

@@ -18,6 +18,7 @@ from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.windows import WindowDataset
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
@@ -41,8 +42,8 @@ class Position(NamedTuple):
 
 
 class SpiralLoader(Loader):
-    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset`` or a ``Mixture``,
-    or with a ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
+    """A ``StatefulDataLoader(dataset, batch_size=None)`` over a ``TableDataset``, a ``Mixture`` or
+    a ``WindowDataset``, or with a ``batch_size`` and a stateful sampler over a ``TableMapDataset``.
 
     ``len`` is ``batches``, the exact batches of this rank in the epoch, so Lightning counts the
     epoch, its progress bar and its limits in batches rather than rows. ``epoch`` (when given)
@@ -65,7 +66,7 @@ class SpiralLoader(Loader):
 
     def __init__(
         self,
-        dataset: TableDataset | TableMapDataset | Mixture,
+        dataset: TableDataset | TableMapDataset | Mixture | WindowDataset,
         *,
         batches: int,
         epoch: Callable[[], int] | None = None,

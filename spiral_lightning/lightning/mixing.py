@@ -1,5 +1,5 @@
 """Training a SpiralDataModule on a weighted mixture of tables: the tables as a config names them,
-the ``Mixture`` they make, and the epoch length every rank shares."""
+and the ``Mixture`` they make."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-import torch.distributed
 
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.mixture import Mixture, Stop
@@ -69,20 +68,3 @@ def train_mixture(
     (batch size, rank, world size, policy or shuffle, seed, read-ahead)."""
     collate = to_torch if transform is None else partial(then_transform, transform)
     return Mixture(pairs, stop=stop, table_key=table_key, collate=collate, **settings)
-
-
-def shared_batches(mixture: Mixture, workers: int, even: bool) -> tuple[int, str | None]:
-    """This rank's batches in the mixture's epoch and, under ``even`` batches with more than one
-    rank, the note rank 0 logs: every rank reads the fewest batches any rank has (a collective,
-    called by every rank at the same point of each epoch), the rest of each rank left out."""
-    batches = mixture.batches(workers)
-    if not even or not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return batches, None
-    counts: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(counts, batches)
-    fewest = min(counts)
-    note = (
-        f"even batches in mixture epoch {mixture.epoch}: each of the {len(counts)} ranks reads {fewest} batches "
-        f"(ranks have {counts}), leaving out {sum(counts) - fewest * len(counts)} batches of this epoch"
-    )
-    return fewest, note

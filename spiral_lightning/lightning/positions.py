@@ -12,23 +12,35 @@ from spiral_lightning.datasets.job import Layout, needs_replan
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.windows import WindowDataset
 from spiral_lightning.lightning.checkpoint import consumers
 from spiral_lightning.lightning.loader import Position
 
 #: What a SpiralDataModule trains on.
-Train = TableDataset | TableMapDataset | Mixture
+Train = TableDataset | TableMapDataset | Mixture | WindowDataset
+
+
+def tables_of(dataset: TableDataset | Mixture | WindowDataset) -> list[TableDataset]:
+    """The table datasets a train dataset reads through: its own, a mixture's, a window's."""
+    if isinstance(dataset, Mixture):
+        return list(dataset.tables)
+    return [dataset.table if isinstance(dataset, WindowDataset) else dataset]
 
 
 def version_of(dataset: Train) -> str:
     """The pinned version a train loader reads, as a checkpoint names it."""
-    return dataset.version if isinstance(dataset, Mixture) else dataset.spec.version
+    if isinstance(dataset, Mixture):
+        return dataset.version
+    return dataset.table.spec.version if isinstance(dataset, WindowDataset) else dataset.spec.version
 
 
 def check_version(state: dict[str, Any], dataset: Train) -> None:
     """``ValueError`` when the checkpoint entry ``state`` was saved reading another version."""
     if state["version"] == version_of(dataset):
         return
-    uris = [table.spec.uri for table in dataset.tables] if isinstance(dataset, Mixture) else dataset.spec.uri
+    uris = (
+        dataset.spec.uri if isinstance(dataset, TableMapDataset) else [table.spec.uri for table in tables_of(dataset)]
+    )
     raise ValueError(
         f"the checkpoint was saved reading table version {state['version']}, but this run reads version "
         f"{version_of(dataset)} ({uris}); a position is only valid in the version it was saved in: train on "
@@ -44,14 +56,17 @@ def replans(state: dict[str, Any], now: Layout, *, map_access: bool, weights: tu
         inside = "lineage" in state
     else:
         states = consumers(state)
-        inside = any("remainder" in consumer for consumer in states)
+        # A WindowDataset's state nests its table's.
+        inside = any("remainder" in consumer.get("table", consumer) for consumer in states)
         inside |= bool(weights) and any(tuple(consumer.get("weights", ())) != weights for consumer in states)
     # Checkpoints of release 0.1 hold no batch size: they resume under the one given now.
     saved = Layout(state["world_size"], state["num_workers"], state.get("batch_size", now.batch_size))
     return needs_replan(saved, now, inside_replan=inside)
 
 
-def replanned_position(dataset: TableDataset | Mixture, state: dict[str, Any], now: Layout) -> Position | None:
+def replanned_position(
+    dataset: TableDataset | Mixture | WindowDataset, state: dict[str, Any], now: Layout
+) -> Position | None:
     """Share the rows that ``state``'s consumers had not delivered among this run's: the epoch and
     the batches it had delivered, or ``None`` when no rank had started reading."""
     positions = [rank["position"] for rank in state["ranks"]]
