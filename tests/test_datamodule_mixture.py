@@ -13,7 +13,7 @@ import pytest
 from spiral_lightning import MixedTable, Mixture, SpiralDataModule, TableSpec
 from tests.lightning_job import TABLE_IDS, Recorder
 from tests.test_datamodule import checkpoints, ids_in, trainer
-from tests.test_elastic_lightning import run
+from tests.test_elastic_lightning import run, stopped_and_resumed
 
 
 def reference(pairs: list[tuple[TableSpec, float]], stop: Any, epoch: int) -> list[list[int]]:
@@ -104,12 +104,7 @@ def test_ddp_ranks_take_equal_steps_and_resume_as_one_process(
     options = ["--batch-size", "25", "--mixed-with", small.uri]
     whole = run(tmp_path, "whole", big.uri, 2, *options)
     assert len(whole[0]["seen"]) == len(whole[1]["seen"]) > 0
-    first = run(tmp_path, "first", big.uri, 2, *options, "--max-steps", "6", "--checkpoint-every", "6")
-    assert [len(record["seen"]) for record in first] == [6, 6]
-    ckpt = str(tmp_path / "checkpoints" / "step=6.ckpt")
-    (resumed,) = run(tmp_path, "resumed", big.uri, 1, *options, "--workers", "0", "--ckpt-path", ckpt)
-    before = [row for record in first for _, _, ids in record["seen"] for row in ids]
-    after = [row for _, _, ids in resumed["seen"] for row in ids]
+    before, after = stopped_and_resumed(tmp_path, big.uri, 6, *options)
     assert len(before) == 2 * 6 * 25 and after
     assert len(set(before + after)) == len(before + after), "a row of a table's pass came twice"
     assert {row // TABLE_IDS for row in after} == {0, 1}

@@ -46,7 +46,7 @@ from spiral_lightning.reading.shuffle import shuffled_chunks
 from tests.lightning_job import Recorder
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout, write_uneven
 from tests.test_datamodule import checkpoints, ids_in, trainer
-from tests.test_elastic_lightning import run
+from tests.test_elastic_lightning import stopped_and_resumed
 from tests.test_mixture import layouts as mixture_layouts
 from tests.test_mixture import tables as mixture_tables
 from tests.test_windows import episode_table, episodes, reference, split_sizes, window_ids, window_settings
@@ -286,14 +286,8 @@ def test_a_map_run_resumes_under_another_worker_count_and_batch_size_and_again(
 @pytest.mark.slow
 def test_a_ddp_map_run_resumes_as_one_process(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
     spec = make_table(MAP_SIZES).resolve()
-    options = ["--batch-size", "25", "--access", "map", "--seed", "7"]
     # 1,000 rows on 2 ranks: 20 batches of 25 per rank. Stop after 9.
-    first = run(tmp_path, "first", spec.uri, 2, *options, "--max-steps", "9", "--checkpoint-every", "9")
-    assert [len(record["seen"]) for record in first] == [9, 9]
-    ckpt = str(tmp_path / "checkpoints" / "step=9.ckpt")
-    (resumed,) = run(tmp_path, "resumed", spec.uri, 1, *options, "--workers", "0", "--ckpt-path", ckpt)
-    before = [row for record in first for _, _, ids in record["seen"] for row in ids]
-    after = [row for _, _, ids in resumed["seen"] for row in ids]
+    before, after = stopped_and_resumed(tmp_path, spec.uri, 9, "--batch-size", "25", "--access", "map", "--seed", "7")
     assert len(before) == 2 * 9 * 25
     assert sorted(before + after) == list(range(sum(MAP_SIZES)))
 

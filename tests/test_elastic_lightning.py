@@ -54,14 +54,20 @@ def run(out: Path, phase: str, uri: str, devices: int, *extra: str) -> list[dict
 
 
 @pytest.mark.slow
+def stopped_and_resumed(out: Path, uri: str, steps: int, *options: str) -> tuple[list[int], list[int]]:
+    """The row ids a 2-rank DDP job of ``lightning_job`` read before it stopped at ``steps`` (each
+    rank read ``steps`` batches), and those one process read resuming from that checkpoint."""
+    first = run(out, "first", uri, 2, *options, "--max-steps", str(steps), "--checkpoint-every", str(steps))
+    assert [len(record["seen"]) for record in first] == [steps, steps]
+    ckpt = str(out / "checkpoints" / f"step={steps}.ckpt")
+    (resumed,) = run(out, "resumed", uri, 1, *options, "--workers", "0", "--ckpt-path", ckpt)
+    before = [row for record in first for _, _, ids in record["seen"] for row in ids]
+    return before, [row for _, _, ids in resumed["seen"] for row in ids]
+
+
 def test_a_ddp_run_resumes_as_one_process(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
     spec = make_table(SIZES).resolve()
     # 2 ranks x 2 workers read 250 rows each: 20 batches of 25 per rank. Stop after 9.
-    first = run(tmp_path, "first", spec.uri, 2, "--batch-size", "25", "--max-steps", "9", "--checkpoint-every", "9")
-    assert [len(record["seen"]) for record in first] == [9, 9]
-    ckpt = str(tmp_path / "checkpoints" / "step=9.ckpt")
-    (resumed,) = run(tmp_path, "resumed", spec.uri, 1, "--batch-size", "25", "--workers", "0", "--ckpt-path", ckpt)
-    before = [row for record in first for _, _, ids in record["seen"] for row in ids]
-    after = [row for _, _, ids in resumed["seen"] for row in ids]
+    before, after = stopped_and_resumed(tmp_path, spec.uri, 9, "--batch-size", "25")
     assert len(before) == 2 * 9 * 25
     assert sorted(before + after) == list(range(sum(SIZES)))

@@ -158,7 +158,11 @@ def test_the_cache_serves_later_epochs_without_a_request_within_its_budget(s3_se
         dataset = TableDataset(
             TableSpec(uri, storage_options=store, cache_dir=str(tmp_path / "all"), cache_bytes=1 << 30), batch_size=100
         )
+        # The store's reads fetch ahead themselves; once the cache holds every row group they are
+        # local reads, which the consumer spreads over its reading threads.
+        assert dataset.source().fetches_ahead
         assert ids(dataset) == list(range(TOTAL))
+        assert not dataset.source().fetches_ahead
         proxy.reset()
         assert ids(dataset) == list(range(TOTAL))
         assert proxy.requests == {}

@@ -71,9 +71,10 @@ def check_train_kind(
     if not isinstance(windows, Windows):
         raise TypeError(f"windows must be a Windows(size, stride, group_by) value, not {windows!r}")
     given = [name for name, value in others.items() if value not in (None, False)]
-    if packing is not None or access == "map" or given:
+    given += ["packing"] * (packing is not None) + ["access"] * (access == "map")
+    if given:
+        names = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
         raise ValueError(
             "windows train on a WindowDataset, which reads rows in stored order and is neither packed, read by "
-            f"index nor transformed or shuffled; leave packing, access and {', '.join(given) or 'these'} at their "
-            "defaults"
+            f"index, transformed nor shuffled; leave {names} at the default (or train on rows)"
         )

@@ -68,9 +68,9 @@ class ReadAhead:
     Each pass reads on threads of its own through ``source``, the consumer's own: a process opens
     a version once, and every backend's reads may run beside each other and beside its planning
     and counting. With one thread the pass reads its items in one ``source.read``; with more, each
-    thread reads one *run* at a time (consecutive items of at least ``RUN_ROWS`` stored rows, or
-    one longer item, in one ``source.read``), taking the next run no thread has taken, so at most
-    ``threads * depth`` read batches wait. Rows, order and the stored rows
+    thread reads one *run* at a time (consecutive items of at least ``RUN_ROWS`` stored rows, fewer
+    when the list holds less than that a thread, in one ``source.read``), taking the next run no
+    thread has taken, so at most ``threads * depth`` read batches wait. Rows, order and the stored rows
     reported with each batch are those of ``source.read(items)`` either way.
 
         ahead = ReadAhead(source, depth=2, threads=4, opener=lambda: open_source(spec))
@@ -102,7 +102,9 @@ class ReadAhead:
         reads are closed before the consumer goes on."""
         items = list(items)
         stop = threading.Event()
-        taken = _Taken(items, self.depth)
+        # Runs of RUN_ROWS, or shorter ones where that leaves a thread without a run.
+        stored = sum(item.end - item.start for item in items)
+        taken = _Taken(items, self.depth, max(1, min(RUN_ROWS, -(-stored // self.threads))))
         if self.threads == 1 or len(taken.runs) < 2:
             batches: queue.Queue[object] = queue.Queue(self.depth)
             fill = partial(_fill, self.source, items, batches, stop)
@@ -141,10 +143,10 @@ class _Taken:
     """The items of a pass read by several threads, in runs (see ``runs``): the next run not yet
     taken, and each taken run's queue of read batches, handed to the consumer in list order."""
 
-    def __init__(self, items: list[WorkItem], depth: int) -> None:
+    def __init__(self, items: list[WorkItem], depth: int, rows: int) -> None:
         self.items = items
         self.depth = depth
-        self.runs = runs(items)
+        self.runs = runs(items, rows)
         self.queues: dict[int, queue.Queue[object]] = {}
         self.following = 0
         self.changed = threading.Condition()
@@ -171,11 +173,9 @@ class _Taken:
             yield batches
 
 
-def runs(items: Sequence[WorkItem], rows: int | None = None) -> list[tuple[int, int]]:
+def runs(items: Sequence[WorkItem], rows: int) -> list[tuple[int, int]]:
     """``items`` cut into runs of consecutive items, as (first, end) index pairs: each run closes
-    once its items hold ``rows`` stored rows (``RUN_ROWS`` when ``None``), the last holding what
-    is left."""
-    rows = RUN_ROWS if rows is None else rows
+    once its items hold ``rows`` stored rows, the last holding what is left."""
     found: list[tuple[int, int]] = []
     first, held = 0, 0
     for index, item in enumerate(items):

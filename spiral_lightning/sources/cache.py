@@ -53,6 +53,10 @@ class ByteCache:
         data: pa.Buffer = mapped.read_buffer()
         return data
 
+    def has(self, key: str) -> bool:
+        """Whether an entry is kept under ``key`` now (it may be dropped at any time after)."""
+        return (self.folder / f"{key}{_SUFFIX}").exists()
+
     def put(self, key: str, data: bytes) -> None:
         """Keep ``data`` under ``key``, then drop the least recently used entries over the budget."""
         if len(data) > self.max_bytes:

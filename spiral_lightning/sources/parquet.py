@@ -90,8 +90,7 @@ class ParquetSource:
         self._location = locate_table(spec)
         options = spec.storage_options
         self._retry = Retry(spec.uri, options if isinstance(options, StorageOptions) else None)
-        # An object store's pass fetches ``prefetch`` row groups at once and checks each file once.
-        self.fetches_ahead = self._location.remote
+        self._cached_whole = False
         with footer_lock:
             listed = (spec.uri, self._version) in listed_tables
         if not listed:
@@ -336,6 +335,17 @@ class ParquetSource:
         planned = self._planned[file]
         fetched = Fetched(planned.path, planned.size, pending.spans, self._bytes(pending))
         return pq.ParquetFile(pa.PythonFile(fetched, mode="r"), metadata=footer, page_checksum_verification=True)
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether one read keeps ``prefetch`` row groups in flight itself: in an object store, until
+        the local cache holds every row group read (then reads are local, faster on threads)."""
+        if not self._location.remote or self._cached_whole:
+            return False
+        cache, read = self._cache, self._read_columns
+        keys = (ByteCache.key(self._planned[f], g, tuple(self._lake.columns_in(f, read))) for f, g in self._groups)
+        self._cached_whole = cache is not None and all(cache.has(key) for key in keys)
+        return not self._cached_whole
 
     def _groups_ahead(
         self, items: Sequence[WorkItem], columns: list[str], files: PassFiles
