@@ -398,7 +398,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=found, help="run these benchmarks only")
     parser.add_argument("--full", action="store_true", help="each benchmark's own defaults instead of quick settings")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one benchmark may take (default 600)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds one benchmark may take (default 1200)")
     parser.add_argument("--note", default="", help="a line about the run for RESULTS.md, e.g. other load")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for RESULTS.md and results.png")
     options = parser.parse_args()
