@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import queue
 import re
 import signal
 import threading
@@ -27,6 +28,7 @@ from spiral_lightning import (
     Windows,
 )
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, Loader, loader_options
+from spiral_lightning.datasets.pipes import piped
 from spiral_lightning.datasets.stuck import WorkerTimeout, position, process_state
 
 #: Eight row groups of 500 rows: each of two workers reads 40 batches of 50.
@@ -185,3 +187,15 @@ def test_every_loader_the_package_makes_gives_workers_up_after_its_timeout(
     data.setup("fit")
     assert data.train_dataloader().timeout == 7
     assert isinstance(data.train_dataloader(), Loader)
+
+
+def test_a_writer_that_died_holding_the_queue_lock_does_not_hang_the_shutdown() -> None:
+    results = piped("forkserver").Queue()
+    # As a worker killed in the middle of a put leaves it: the writers' lock held, never released.
+    assert results._wlock.acquire(timeout=1)
+    with pytest.raises(queue.Full):
+        results.put((None, None), timeout=0.2)
+    results.closing = True
+    started = time.monotonic()
+    results.put((None, None))  # the loader's wake-up message on shut-down: dropped, not waited on
+    assert time.monotonic() - started < 5

@@ -16,11 +16,20 @@ from multiprocessing import context, queues
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+#: Seconds a put into a closing queue waits for the write lock before it drops its message.
+CLOSING_WAIT = 1.0
+
 
 class PipeQueue(queues.SimpleQueue):  # type: ignore[type-arg]  # not generic at runtime before 3.12
-    """A ``SimpleQueue`` with the ``Queue`` methods a DataLoader calls: ``get`` with a timeout
-    (``queue.Empty`` past it), ``put`` with ignored blocking arguments, and the feeder thread's
-    ``cancel_join_thread`` and ``join_thread``, which have nothing to do."""
+    """A ``SimpleQueue`` with the ``Queue`` methods a DataLoader calls: ``get`` and ``put`` with a
+    timeout (``queue.Empty`` / ``queue.Full`` past it), and the feeder thread's ``cancel_join_thread``
+    and ``join_thread``, which have nothing to do.
+
+    Its writers share one lock, and a worker killed while writing holds it forever. A loader that
+    shuts down sets ``closing``: its own puts then wait at most ``CLOSING_WAIT`` and are dropped
+    past it, harmlessly, since they only wake threads that also poll."""
+
+    closing = False
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         wait = timeout if block else 0.0
@@ -35,7 +44,16 @@ class PipeQueue(queues.SimpleQueue):  # type: ignore[type-arg]  # not generic at
         return ForkingPickler.loads(data)
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
-        super().put(obj)
+        data = ForkingPickler.dumps(obj)
+        lock = self._wlock  # type: ignore[attr-defined]  # SimpleQueue's own
+        if not lock.acquire(block, CLOSING_WAIT if self.closing else timeout):
+            if self.closing:
+                return
+            raise queue.Full
+        try:
+            self._writer.send_bytes(data)  # type: ignore[attr-defined]
+        finally:
+            lock.release()
 
     def cancel_join_thread(self) -> None:
         """Nothing: no feeder thread to leave behind."""

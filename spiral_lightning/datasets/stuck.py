@@ -30,6 +30,7 @@ from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProc
 
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.secrets import masked
+from spiral_lightning.datasets.pipes import PipeQueue
 from spiral_lightning.reading.blocks import forget
 
 
@@ -296,6 +297,10 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
                 return data
 
     def _shutdown_workers(self) -> None:
+        results = getattr(self, "_worker_result_queue", None)
+        if isinstance(results, PipeQueue):
+            # A worker killed mid-write holds the queue's write lock: the wake-up puts must not wait on it.
+            results.closing = True
         exiting = torch_utils.python_exit_status is not False  # torch's own test: Python is shutting down
         if self._relay_done is not None and exiting:
             self._relay_done.set()
