@@ -2,7 +2,7 @@
 writes their pids, and is killed.
 
 Run as ``python -m tests.orphan_job <uri> <pid file>``; the process kills itself with SIGKILL
-after its first batch, so nothing of it can stop its workers.
+once both workers have made a batch, so nothing of it can stop its workers.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ def main() -> None:
     dataset = TableDataset(sys.argv[1], batch_size=10, collate=collate)
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
     next(iter(loader))
+    # The first batch comes from one worker; on a loaded machine the other may not have made one
+    # yet, and the test must know both pids. Both read ahead, so both write soon.
+    deadline = time.monotonic() + 60
+    while len(set(PIDS.read_text().split())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
