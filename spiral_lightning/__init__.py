@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spiral_lightning import _moved
 
 if TYPE_CHECKING:
+    from spiral_lightning.core.budget import TokenBudget
     from spiral_lightning.core.media import FrameIndices, FrameNeighborhood, FrameSlice, FrameTimes, Image, Video
     from spiral_lightning.core.plan import Policy as Policy
     from spiral_lightning.core.plan import Shard as Shard
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from spiral_lightning.datasets.stall import StallMeter
     from spiral_lightning.datasets.stuck import WorkerTimeout as WorkerTimeout
     from spiral_lightning.datasets.table import TableDataset
+    from spiral_lightning.datasets.token_batches import TokenBatchDataset
     from spiral_lightning.datasets.windows import WindowDataset, Windows
     from spiral_lightning.lightning.datamodule import SpiralDataModule
     from spiral_lightning.lightning.loader import SpiralLoader as SpiralLoader
@@ -86,6 +88,8 @@ _HOMES = {
     "TableDataset": "datasets.table",
     "TableMapDataset": "datasets.mapstyle",
     "TableSpec": "core.spec",
+    "TokenBatchDataset": "datasets.token_batches",
+    "TokenBudget": "core.budget",
     "TooLong": "core.sequences",
     "Video": "core.media",
     "WindowDataset": "datasets.windows",
@@ -123,6 +127,8 @@ __all__ = [
     "TableDataset",
     "TableMapDataset",
     "TableSpec",
+    "TokenBatchDataset",
+    "TokenBudget",
     "Video",
     "WindowDataset",
     "Windows",

@@ -8,7 +8,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
 import torch
 
 from spiral_lightning.core.checks import check_count, check_positive
@@ -16,6 +15,7 @@ from spiral_lightning.core.integrity import check_digest, damaged, intact, seale
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_saved
+from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, DROPPED
 from spiral_lightning.datasets.job import grouped
 from spiral_lightning.datasets.table import TableDataset
@@ -94,7 +94,7 @@ class PackedDataset(TableDataset):
         check_positive("batch_size", batch_size, "blocks per batch")
         packing = Packing(column, length, separator)
         super().__init__(
-            _token_spec(as_spec(spec, storage_options), column),
+            token_spec(as_spec(spec, storage_options), column, "PackedDataset"),
             batch_size=batch_size,
             last=last,
             policy=policy,
@@ -109,12 +109,7 @@ class PackedDataset(TableDataset):
             transform=transform,
             filter=filter,
         )
-        kind = self.source().schema.field(column).type
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
-            raise ValueError(
-                f"PackedDataset packs a column of token ids (a list or large_list of integers per row), not "
-                f"{column!r} of type {kind} in {self.spec.uri!r}"
-            )
+        check_token_column(self.source().schema, column, self.spec.uri, "PackedDataset")
         self.packing = packing
         self.batch_size: int = batch_size
         self._next: After | None = None
@@ -305,21 +300,3 @@ class PackedDataset(TableDataset):
     def _tallied(self, blocks: Generator[tuple[Blocks, After], None, int]) -> Iterator[tuple[Blocks, After]]:
         """``blocks`` as they come, keeping the tokens the stream's tail dropped in ``dropped``."""
         self.set_tally(DROPPED, (yield from blocks))
-
-
-def _token_spec(spec: TableSpec, column: str) -> TableSpec:
-    """``spec`` reading only the token ``column``; ``ValueError`` for options a packed stream
-    cannot honour."""
-    if spec.columns is not None and column not in spec.columns:
-        raise ValueError(f"the token column {column!r} is not among the columns {list(spec.columns)} of {spec.uri!r}")
-    if spec.media or spec.padded:
-        raise ValueError(
-            f"a PackedDataset yields only the token column {column!r}, so the spec's media and padded projections "
-            "do not apply; drop them from the spec"
-        )
-    if spec.null_fill or spec.null_mask:
-        raise ValueError(
-            "a PackedDataset packs whole documents, so null_fill and null_mask do not apply; keep null documents "
-            f"out with filter='{column} IS NOT NULL'"
-        )
-    return replace(spec, columns=(column,))

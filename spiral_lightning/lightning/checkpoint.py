@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from spiral_lightning.core import integrity
 from spiral_lightning.core.checks import is_count
+from spiral_lightning.datasets.job import Layout
 
 #: The version of the dictionary ``SpiralDataModule.state_dict`` writes.
 STATE_FORMAT = 1
@@ -38,10 +39,21 @@ ENTRY_FIELDS = frozenset({"format", "version", "world_size", "num_workers", "ran
 MISSING_POSITION = ("refuse", "restart_epoch")
 
 
-def seal_entry(state: dict[str, Any]) -> dict[str, Any]:
-    """The entry ``SpiralDataModule.state_dict`` writes: ``state`` (its version, world size,
-    workers, batch size, ranks and lineage) with its format and ``ENTRY_KIND``, sealed with a digest."""
-    return integrity.sealed({"format": STATE_FORMAT, **state, "kind": ENTRY_KIND})
+def seal_entry(version: str, layout: Layout, ranks: list[Any], lineage: dict[str, Any] | None) -> dict[str, Any]:
+    """The entry ``SpiralDataModule.state_dict`` writes: the ``version`` read, the ``layout`` and
+    every rank's position under it, and the ``lineage`` of a re-planned epoch (kept once here, its
+    consumers' states name it by digest), with its format and ``ENTRY_KIND``, sealed with a digest."""
+    state = {
+        "format": STATE_FORMAT,
+        "version": version,
+        "world_size": layout.world_size,
+        "num_workers": layout.workers,
+        "batch_size": layout.batch_size,
+        "ranks": ranks,
+    }
+    if lineage is not None:
+        state["lineage"] = lineage
+    return integrity.sealed({**state, "kind": ENTRY_KIND})
 
 
 def check_entry(state: Any, *, iterable: bool, rank: int) -> None:

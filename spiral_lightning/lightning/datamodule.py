@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import torch.distributed
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
@@ -22,6 +23,7 @@ from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset, Windows
 from spiral_lightning.lightning import positions
 from spiral_lightning.lightning.checkpoint import CheckpointPosition, check_entry, seal_entry
@@ -29,8 +31,9 @@ from spiral_lightning.lightning.loader import Position, SpiralLoader
 from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, train_mixture
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
-from spiral_lightning.lightning.settings import check_settings, check_train_kind
+from spiral_lightning.lightning.settings import check_settings, check_tokens, check_train_kind
 from spiral_lightning.lightning.stall import DataStallMeter
+from spiral_lightning.lightning.train_kinds import counted_train
 from spiral_lightning.planning.policies import as_policy, balanced, stripe
 from spiral_lightning.reading.frames import Last
 from spiral_lightning.reading.packing import Packing
@@ -95,6 +98,7 @@ class SpiralDataModule(pl.LightningDataModule):
         table_key: With a train mixture, the key each batch holds its table's index under.
         windows: Train on windows of consecutive rows (a ``WindowDataset``, ``stripe`` unless a
             ``policy`` is given); other stages read rows.
+        tokens: Train on batches of whole documents sized by a ``TokenBudget`` (a ``TokenBatchDataset``).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class SpiralDataModule(pl.LightningDataModule):
         stop: Stop = "first_exhausted",
         table_key: str | None = None,
         windows: Windows | None = None,
+        tokens: TokenBudget | None = None,
     ) -> None:
         super().__init__()
         check_settings(
@@ -146,7 +151,8 @@ class SpiralDataModule(pl.LightningDataModule):
         check_train_kind(
             mixture=isinstance(train, list), windows=windows, packing=packing, access=access, last=last, others=others
         )
-        self.packing, self.windows = packing, windows
+        check_tokens(tokens, mixture=isinstance(train, list), windows=windows, packing=packing, access=access)
+        self.packing, self.windows, self.tokens = packing, windows, tokens
         self.tables: dict[Stage, TableSpec] = {}
         self.mixture = None if not isinstance(train, list) else mixed_tables(train, storage_options, columns, filter)
         for stage, table in zip(get_args(Stage), (train, val, test, predict), strict=True):
@@ -189,7 +195,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self.datasets: dict[Stage, TableDataset] = {}
         self.map_train: TableMapDataset | None = None
         # A train dataset that counts its own batches: ranks read the fewest any rank has.
-        self.counted_train: Mixture | WindowDataset | None = None
+        self.counted_train: Mixture | WindowDataset | TokenBatchDataset | None = None
         self._train_loader: SpiralLoader | None = None
         self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
@@ -229,9 +235,11 @@ class SpiralDataModule(pl.LightningDataModule):
                     **{**settings, **order},
                 )
                 continue
-            if name == "train" and self.windows is not None:
-                own = {key: settings[key] for key in ("batch_size", "last", "rank", "world_size", "read_ahead")}
-                self.counted_train = WindowDataset(pinned, windows=self.windows, policy=self.train_policy, **own)
+            if name == "train" and (self.windows is not None or self.tokens is not None):
+                kinds = {"windows": self.windows, "tokens": self.tokens, "window_policy": self.train_policy}
+                self.counted_train = counted_train(
+                    pinned, **kinds, settings=settings, order=order, transform=self.transform
+                )
                 continue
             evaluates = name != "train"
             transform = WithValid(self.transform) if evaluates else self.transform
@@ -266,7 +274,7 @@ class SpiralDataModule(pl.LightningDataModule):
         own = {name: settings[name] for name in ("batch_size", "policy", "rank", "world_size", "read_ahead")}
         return train_mixture(pairs, {**own, "seed": self.seed, **order}, self.stop, self.table_key, self.transform)
 
-    def _train(self) -> TableDataset | Mixture | WindowDataset | None:
+    def _train(self) -> positions.Train | None:
         return self.datasets.get("train") if self.counted_train is None else self.counted_train
 
     def _pinned(self, spec: TableSpec) -> TableSpec:
@@ -402,18 +410,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
-        state = {
-            "version": positions.version_of(loader.table),
-            "world_size": world_size,
-            "num_workers": self.num_workers,
-            "batch_size": self.batch_size,
-            "ranks": ranks,
-        }
-        lineage = self._lineage(loader)
-        if lineage is not None:
-            # Once per checkpoint: the consumers' states name it by digest.
-            state["lineage"] = lineage
-        return seal_entry(state)
+        return seal_entry(positions.version_of(loader.table), self._layout(), ranks, self._lineage(loader))
 
     def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""

@@ -18,6 +18,7 @@ from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
@@ -66,7 +67,7 @@ class SpiralLoader(Loader):
 
     def __init__(
         self,
-        dataset: TableDataset | TableMapDataset | Mixture | WindowDataset,
+        dataset: TableDataset | TableMapDataset | Mixture | WindowDataset | TokenBatchDataset,
         *,
         batches: int,
         epoch: Callable[[], int] | None = None,

@@ -8,20 +8,22 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from spiral_lightning.datasets.consumer import Consumer
 from spiral_lightning.datasets.job import Layout, needs_replan
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
 from spiral_lightning.lightning.checkpoint import consumers
 from spiral_lightning.lightning.loader import Position
 
 #: What a SpiralDataModule trains on.
-Train = TableDataset | TableMapDataset | Mixture | WindowDataset
+Train = TableDataset | TableMapDataset | Mixture | WindowDataset | TokenBatchDataset
 
 
-def tables_of(dataset: TableDataset | Mixture | WindowDataset) -> list[TableDataset]:
-    """The table datasets a train dataset reads through: its own, a mixture's, a window's."""
+def tables_of(dataset: TableDataset | Mixture | WindowDataset | TokenBatchDataset) -> list[Consumer]:
+    """The consumers a train dataset reads through: its own, a mixture's tables, a window's table."""
     if isinstance(dataset, Mixture):
         return list(dataset.tables)
     return [dataset.table if isinstance(dataset, WindowDataset) else dataset]
@@ -65,7 +67,7 @@ def replans(state: dict[str, Any], now: Layout, *, map_access: bool, weights: tu
 
 
 def replanned_position(
-    dataset: TableDataset | Mixture | WindowDataset, state: dict[str, Any], now: Layout
+    dataset: TableDataset | Mixture | WindowDataset | TokenBatchDataset, state: dict[str, Any], now: Layout
 ) -> Position | None:
     """Share the rows that ``state``'s consumers had not delivered among this run's: the epoch and
     the batches it had delivered, or ``None`` when no rank had started reading."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.checks import check_positive
 from spiral_lightning.datasets.consumer import check_read_ahead, check_read_threads
 from spiral_lightning.lightning.checkpoint import MISSING_POSITION
@@ -77,4 +78,22 @@ def check_train_kind(
         raise ValueError(
             "windows train on a WindowDataset, which reads rows in stored order and is neither packed, read by "
             f"index, transformed nor shuffled; leave {names} at the default (or train on rows)"
+        )
+
+
+def check_tokens(
+    tokens: TokenBudget | None, *, mixture: bool, windows: Windows | None, packing: Packing | None, access: str
+) -> None:
+    """``ValueError`` when a token budget meets a train kind it cannot be: a mixture, windows,
+    packed blocks or map access (each sizes batches its own way)."""
+    if tokens is None:
+        return
+    if not isinstance(tokens, TokenBudget):
+        raise TypeError(f"tokens must be a TokenBudget(column, max_tokens, ...) value, not {tokens!r}")
+    given = ["a train mixture"] * mixture + ["windows"] * (windows is not None) + ["packing"] * (packing is not None)
+    given += ["access='map'"] * (access == "map")
+    if given:
+        raise ValueError(
+            f"tokens trains on batches sized by a token budget, which {' and '.join(given)} would size otherwise; "
+            "give one of them"
         )
