@@ -236,7 +236,11 @@ class SpiralDataModule(pl.LightningDataModule):
                 )
                 continue
             if name == "train" and (self.windows is not None or self.tokens is not None):
-                kinds = {"windows": self.windows, "tokens": self.tokens, "window_policy": self.train_policy}
+                kinds: dict[str, Any] = {
+                    "windows": self.windows,
+                    "tokens": self.tokens,
+                    "window_policy": self.train_policy,
+                }
                 self.counted_train = counted_train(
                     pinned, **kinds, settings=settings, order=order, transform=self.transform
                 )
