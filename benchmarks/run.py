@@ -247,6 +247,19 @@ BENCHMARKS = [
         ],
     ),
     Benchmark(
+        "token_batches",
+        ["--repeats", "2"],
+        [
+            Target(
+                "`TokenBatchDataset` padded, grouped by length: padding share <= 0.10 of its batches",
+                r"^`TokenBatchDataset` padded$",
+                "padding share",
+                0.10,
+                at_least=False,
+            )
+        ],
+    ),
+    Benchmark(
         "packing",
         ["--repeats", "2"],
         [

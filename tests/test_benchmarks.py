@@ -1,5 +1,5 @@
-"""The benchmarks stay runnable: the planning, packing and peers benchmarks run at a small size and print
-every target row and path."""
+"""The benchmarks stay runnable: the planning, packing, token-batch and peers benchmarks run at a small
+size and print every target row and path."""
 
 from __future__ import annotations
 
@@ -35,6 +35,22 @@ def test_the_packing_benchmark_runs_and_prints_every_path() -> None:
         "| `PackedDataset(separator=0)`",
     ]
     assert "target PackedDataset >= 0.7x the raw scan" in done.stdout
+
+
+def test_the_token_batches_benchmark_runs_and_prints_every_path() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "token_batches.py"), "--tokens", "200000"]
+    done = subprocess.run([*command, "--split-rows", "100", "--repeats", "1"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert [row.split(" (")[0] for row in rows] == [
+        "| raw scan, flattened to one numpy array",
+        "| fixed rows, padded",
+        "| `PackedDataset`",
+        "| `TokenBatchDataset` padded",
+        "| `TokenBatchDataset` padded, group=False",
+        "| `TokenBatchDataset` flat",
+    ]
+    assert "target TokenBatchDataset padded share < 0.10" in done.stdout
 
 
 def test_the_peers_benchmark_runs_and_prints_every_path() -> None:
