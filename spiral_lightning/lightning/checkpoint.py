@@ -39,10 +39,13 @@ ENTRY_FIELDS = frozenset({"format", "version", "world_size", "num_workers", "ran
 MISSING_POSITION = ("refuse", "restart_epoch")
 
 
-def seal_entry(version: str, layout: Layout, ranks: list[Any], lineage: dict[str, Any] | None) -> dict[str, Any]:
+def seal_entry(
+    version: str, layout: Layout, ranks: list[Any], lineage: dict[str, Any] | None, skipped: int = 0
+) -> dict[str, Any]:
     """The entry ``SpiralDataModule.state_dict`` writes: the ``version`` read, the ``layout`` and
-    every rank's position under it, and the ``lineage`` of a re-planned epoch (kept once here, its
-    consumers' states name it by digest), with its format and ``ENTRY_KIND``, sealed with a digest."""
+    every rank's position under it, the ``lineage`` of a re-planned epoch (kept once here, its
+    consumers' states name it by digest) and the training steps ``skipped`` so far (see
+    ``skips``), with its format and ``ENTRY_KIND``, sealed with a digest."""
     state = {
         "format": STATE_FORMAT,
         "version": version,
@@ -53,6 +56,8 @@ def seal_entry(version: str, layout: Layout, ranks: list[Any], lineage: dict[str
     }
     if lineage is not None:
         state["lineage"] = lineage
+    if skipped:
+        state["skipped"] = skipped
     return integrity.sealed({**state, "kind": ENTRY_KIND})
 
 
@@ -102,6 +107,10 @@ def _check_fields(state: Mapping[str, Any], iterable: bool) -> None:
         )
     if not isinstance(state["version"], str) or not is_count(state["num_workers"]):
         raise ValueError("the SpiralDataModule checkpoint entry's version or num_workers is not one it writes")
+    if not is_count(state.get("skipped", 0)):
+        raise ValueError(
+            f"the SpiralDataModule checkpoint entry's skipped {state['skipped']!r} is not a count of steps"
+        )
     batch_size = state.get("batch_size", 1)
     if not is_count(batch_size) or batch_size < 1:
         raise ValueError(f"the SpiralDataModule checkpoint entry's batch_size {batch_size!r} is not a positive int")

@@ -26,13 +26,14 @@ from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset, Windows
 from spiral_lightning.lightning import positions
-from spiral_lightning.lightning.checkpoint import CheckpointPosition, check_entry, seal_entry
+from spiral_lightning.lightning.callbacks import add_fit_callbacks
+from spiral_lightning.lightning.checkpoint import check_entry, seal_entry
 from spiral_lightning.lightning.loader import Position, SpiralLoader
 from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, train_mixture
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
 from spiral_lightning.lightning.settings import check_settings, check_tokens, check_train_kind
-from spiral_lightning.lightning.stall import DataStallMeter
+from spiral_lightning.lightning.skips import StepSkips, check_skips
 from spiral_lightning.lightning.train_kinds import counted_train
 from spiral_lightning.planning.policies import as_policy, balanced, stripe
 from spiral_lightning.reading.frames import Last
@@ -99,6 +100,7 @@ class SpiralDataModule(pl.LightningDataModule):
         windows: Train on windows of consecutive rows (a ``WindowDataset``, ``stripe`` unless a
             ``policy`` is given); other stages read rows.
         tokens: Train on batches of whole documents sized by a ``TokenBudget`` (a ``TokenBatchDataset``).
+        skip_steps: Ranges ``(start, end)`` of training steps whose batches a rolled-back run leaves out.
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class SpiralDataModule(pl.LightningDataModule):
         table_key: str | None = None,
         windows: Windows | None = None,
         tokens: TokenBudget | None = None,
+        skip_steps: list[tuple[int, int]] | None = None,
     ) -> None:
         super().__init__()
         check_settings(
@@ -152,7 +155,7 @@ class SpiralDataModule(pl.LightningDataModule):
             mixture=isinstance(train, list), windows=windows, packing=packing, access=access, last=last, others=others
         )
         check_tokens(tokens, mixture=isinstance(train, list), windows=windows, packing=packing, access=access)
-        self.packing, self.windows, self.tokens = packing, windows, tokens
+        self.packing, self.windows, self.tokens, self.skips = packing, windows, tokens, StepSkips.of(skip_steps)
         self.tables: dict[Stage, TableSpec] = {}
         self.mixture = None if not isinstance(train, list) else mixed_tables(train, storage_options, columns, filter)
         for stage, table in zip(get_args(Stage), (train, val, test, predict), strict=True):
@@ -181,10 +184,8 @@ class SpiralDataModule(pl.LightningDataModule):
         # Lightning warns that an IterableDataset's length "could be inaccurate"; a SpiralLoader's is exact.
         warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", module="lightning")
         for spec in [*self.tables.values(), *mixed]:
-            # Opened once here, in the process that builds the DataModule, so an unknown column,
-            # media column or filter fails now rather than inside a rank or a DataLoader worker. A
-            # table not written yet is left to prepare_data, Lightning's place for writing it;
-            # setup opens it in the main process of each rank before any worker starts.
+            # Opened here so a bad column or filter fails in the building process, not in a rank or
+            # worker; a table not written yet is prepare_data's to write, and setup opens it.
             try:
                 open_source(spec.resolve())
             except FileNotFoundError:
@@ -199,6 +200,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self._train_loader: SpiralLoader | None = None
         self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
+        self._skipped = 0
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:
@@ -257,15 +259,12 @@ class SpiralDataModule(pl.LightningDataModule):
             raise ValueError("SpiralDataModule has no train table to fit on; pass train='spiral:<root>'")
         trainer = self.trainer
         if stage == "fit" and trainer is not None:
-            callbacks: list[pl.Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
-            if self.stall_meter and not any(isinstance(callback, DataStallMeter) for callback in callbacks):
-                callbacks.append(DataStallMeter())
-            # Finds this DataModule's position in a checkpoint whatever its class is called.
-            if not any(isinstance(callback, CheckpointPosition) for callback in callbacks):
-                callbacks.append(CheckpointPosition())
-            if self.counted_train is not None and not trainer.reload_dataloaders_every_n_epochs:  # type: ignore[attr-defined]
+            add_fit_callbacks(trainer, self.stall_meter)
+            check_skips(self.skips, trainer)
+            reloads = self.counted_train is not None or self.skips is not None
+            if reloads and not trainer.reload_dataloaders_every_n_epochs:  # type: ignore[attr-defined]
                 # Such epochs differ in length (a mixture's draw their phases, windows follow their
-                # lists), which Lightning learns only from a train loader made anew.
+                # lists, skips shorten theirs), which Lightning learns only from a train loader made anew.
                 trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
@@ -303,19 +302,36 @@ class SpiralDataModule(pl.LightningDataModule):
             "timeout": self.timeout,
         }
 
+    def _train_options(self) -> dict[str, Any]:
+        """A train loader's options: every loader's, and its skips (see ``SpiralLoader``)."""
+        before = self._train_loader.skipped if self._train_loader is not None else self._skipped
+        step = partial(getattr, self.trainer, "global_step")
+        return {"skips": self.skips, "step": step, "skipped": before, **self._options()}
+
     def train_dataloader(self) -> SpiralLoader:
         if self.map_train is not None:
             return self._map_loader(self.map_train)
         dataset = self._dataset("train") if self.counted_train is None else self.counted_train
         for table in positions.tables_of(dataset):
             table.check_shares(self.num_workers)
+        replan = partial(positions.replanned_position, dataset, now=self._layout())
+        return self._resumed_loader(dataset, self._prepare, replan, {})
+
+    def _resumed_loader(
+        self,
+        dataset: positions.Train,
+        prepare: Callable[[int], int],
+        replan: Callable[[dict[str, Any]], Position | None],
+        options: dict[str, Any],
+    ) -> SpiralLoader:
+        """The train loader of ``dataset``, its epochs set up by ``prepare``, continuing a loaded
+        checkpoint's position (through ``replan`` when it was saved under another layout)."""
         epoch = self._epoch()
-        restored, replanned = self._take_restored(
-            dataset, partial(positions.replanned_position, dataset, now=self._layout())
-        )
+        restored, replanned = self._take_restored(dataset, replan)
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
+        batches = prepare(epoch) + done
         loader = SpiralLoader(
-            dataset, batches=self._prepare(epoch) + done, epoch=self._epoch, prepare=self._prepare, **self._options()
+            dataset, batches=batches, epoch=self._epoch, prepare=prepare, **options, **self._train_options()
         )
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
@@ -339,27 +355,10 @@ class SpiralDataModule(pl.LightningDataModule):
         """The train loader of ``access="map"`` (see ``MapTraining``); the sampler's position is
         part of the loader's state, so a resume continues the epoch's order."""
         rank, world_size = self._rank()
-        training = MapTraining(
+        self._map_training = training = MapTraining(
             dataset, rank=rank, world_size=world_size, seed=self.seed, batch_size=self.batch_size, last=self.last
         )
-        epoch = self._epoch()
-        restored, replanned = self._take_restored(dataset, training.replan)
-        done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
-        loader = SpiralLoader(
-            dataset,
-            batches=training.prepare(epoch) + done,
-            epoch=self._epoch,
-            prepare=training.prepare,
-            **training.options(self.transform),
-            **self._options(),
-        )
-        if replanned is not None:
-            loader.continue_replanned(replanned.epoch, replanned.batches)
-        elif restored is not None and (position := positions.rank_position(restored, self._rank()[0])) is not None:
-            loader.restore(position)
-        self._train_loader = loader
-        self._map_training = training
-        return loader
+        return self._resumed_loader(dataset, training.prepare, training.replan, training.options(self.transform))
 
     def val_dataloader(self) -> SpiralLoader | list[SpiralLoader]:
         return self._eval_loader("val")
@@ -414,7 +413,8 @@ class SpiralDataModule(pl.LightningDataModule):
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
-        return seal_entry(positions.version_of(loader.table), self._layout(), ranks, self._lineage(loader))
+        version, lineage = positions.version_of(loader.table), self._lineage(loader)
+        return seal_entry(version, self._layout(), ranks, lineage, loader.skipped)
 
     def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
@@ -434,6 +434,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if (train := self._train()) is not None:
             positions.check_version(state_dict, train)
         self._restored = state_dict
+        self._skipped = state_dict.get("skipped", 0)
 
     @property
     def position_loaded(self) -> bool:

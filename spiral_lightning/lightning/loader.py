@@ -20,6 +20,7 @@ from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
+from spiral_lightning.lightning.skips import StepSkips
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
@@ -63,6 +64,12 @@ class SpiralLoader(Loader):
     ``pad`` (an evaluation loader's padding batch, see ``padding``) follows the dataset's own
     batches, a fresh copy each time, until the loader has yielded ``batches``: the count of the
     rank with the most, so that every rank of a DDP evaluation steps the same number of times.
+
+    ``skips`` leaves out the batches of some training steps (see ``skips.StepSkips``): ``step``
+    returns the step the next batch is trained in, and ``skipped`` counts the steps left out
+    before this loader, so that the step a batch had in the rolled-back run is ``step() +
+    skipped``. The batches left out are read and dropped, counted in the position, and not in
+    ``len``, so every rank trains the same number of batches.
     """
 
     def __init__(
@@ -74,6 +81,9 @@ class SpiralLoader(Loader):
         prepare: Callable[[int], int] | None = None,
         batch_size: int | None = None,
         pad: dict[str, Any] | None = None,
+        skips: StepSkips | None = None,
+        step: Callable[[], int] | None = None,
+        skipped: int = 0,
         **options: Any,
     ) -> None:
         if options.get("num_workers") and options.get("multiprocessing_context") == "forkserver":
@@ -90,9 +100,31 @@ class SpiralLoader(Loader):
         self._reading: int | None = None
         self._yielded = 0
         self._replanned: Position | None = None
+        self._skips, self._step, self.skipped = skips, step, skipped
+        self._left_out: tuple[int, list[range]] | None = None
 
     def __len__(self) -> int:
-        return self.batches
+        return self.batches - sum(len(left) for left in self._left_out_of(*self._next_epoch()))
+
+    def _next_epoch(self) -> tuple[int, int]:
+        """The epoch the next read reads and the batches of it delivered before."""
+        if self._epoch is not None:
+            epoch = self._epoch()
+        else:
+            epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
+        pending = self._pending
+        if pending is None or pending.epoch != epoch:
+            return epoch, 0
+        return (epoch + 1, 0) if pending.batches >= self.batches else (epoch, pending.batches)
+
+    def _left_out_of(self, epoch: int, done: int) -> list[range]:
+        """The batch indexes of ``epoch``, of which ``done`` were delivered, whose steps are
+        skipped: found once per epoch, before its next batch, while ``step()`` is that batch's step."""
+        if self._skips is None or self._step is None:
+            return []
+        if self._left_out is None or self._left_out[0] != epoch:
+            self._left_out = (epoch, self._skips.left_out(self._step() + self.skipped, done, self.batches))
+        return self._left_out[1]
 
     def __iter__(self) -> Iterator[Any]:
         # Setting up runs on the first next(), not here: Lightning creates every iterator before
@@ -128,8 +160,12 @@ class SpiralLoader(Loader):
                 super().load_state_dict(pending.loader)
             self._yielded = pending.batches
         self._reading = epoch
+        left_out = self._left_out_of(epoch, self._yielded)
         for batch in super().__iter__():
             self._yielded += 1
+            if any(self._yielded - 1 in left for left in left_out):
+                self.skipped += 1
+                continue
             yield batch
         if self._pad is not None:
             while self._yielded < self.batches:
@@ -152,7 +188,14 @@ class SpiralLoader(Loader):
     def continue_replanned(self, epoch: int, batches: int) -> None:
         """Continue epoch ``epoch``, of which ``batches`` were delivered before a stop, from the
         dataset's re-planned remainder (``TableDataset.load_elastic``): the loader's length is
-        then those batches plus the remainder's, as Lightning counts the epoch."""
+        then those batches plus the remainder's, as Lightning counts the epoch. Refused with
+        skips: a re-planned epoch's batches are not those the skipped steps read."""
+        if self._skips is not None:
+            raise ValueError(
+                "skip_steps leaves out the batches the rolled-back run read at those steps, which only a resume "
+                "under that run's world size, num_workers and batch_size reads again; resume under them, or "
+                "without skip_steps"
+            )
         self._replanned = Position(epoch, batches, {})
         self._pending = self._replanned
 
