@@ -1,8 +1,9 @@
 """The ``spiral-lightning`` command line: Lightning's ``fit``, ``validate``, ``test`` and
 ``predict`` over a SpiralDataModule, configured by YAML files (``--config``) and flags, and
 ``ingest images|videos|rows SRC DEST``, which turns a class-per-subfolder folder, or CSV, Parquet or
-JSON-lines files, into a table, and ``bench URI``, which reads a table for a few seconds under
-each loader setting and prints its rates and the setting to use.
+JSON-lines files, into a table, ``bench URI``, which reads a table for a few seconds under each
+loader setting and prints its rates and the setting to use, and ``record FOLDER``, which prints the
+stored rows each training step of a recorded run read.
 
 The model and the data module are named by ``class_path`` in the config, so any LightningModule
 trains on any SpiralDataModule subclass; ``configs/demo.yaml`` is a complete example.
@@ -15,9 +16,11 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.datasets.record import rows
 from spiral_lightning.media.ingest import ingest_images, ingest_videos
 from spiral_lightning.sources.ingest_files import ingest_files
 
@@ -209,6 +212,35 @@ def bench(argv: Sequence[str]) -> None:
     print(report(results, args.batch_size))
 
 
+def _steps(text: str) -> range:
+    """``A:B`` as the steps A to B - 1, or one step ``A``."""
+    try:
+        low, _, high = text.partition(":")
+        steps = range(int(low), int(high) if high else int(low) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"steps are START:END or one step, not {text!r}") from None
+    if not steps:
+        raise argparse.ArgumentTypeError(f"the steps {text!r} hold no step: END must be past START")
+    return steps
+
+
+def record(argv: Sequence[str]) -> None:
+    """``spiral-lightning record FOLDER [--steps A:B]``: which stored rows each step trained on."""
+    parser = argparse.ArgumentParser(
+        prog="spiral-lightning record",
+        description="Print the stored rows each training step read, from the record folder a "
+        "SpiralDataModule(record=...) run wrote: one line per step and rank, its rows as split:start-end ranges.",
+    )
+    parser.add_argument("folder", help="the record folder (SpiralDataModule's record=)")
+    parser.add_argument("--steps", type=_steps, metavar="A:B", help="steps A to B - 1 only (default: every step)")
+    args = parser.parse_args(argv)
+    if not Path(args.folder).is_dir():
+        parser.exit(1, f"{parser.prog}: error: no record folder {args.folder!r}\n")
+    for step, ranks in rows(args.folder, args.steps).items():
+        for rank, ranges in ranks.items():
+            print(f"step {step} rank {rank}: " + " ".join(f"{split}:{start}-{end}" for split, start, end in ranges))
+
+
 def import_from_working_directory() -> None:
     """Put the working directory first on the import path, as ``python -m`` does, so that a
     config's ``class_path: mymodels.TinyCNN`` finds ``mymodels.py`` beside the user; an installed
@@ -227,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if arguments[:1] == ["bench"]:
         bench(arguments[1:])
+        return
+    if arguments[:1] == ["record"]:
+        record(arguments[1:])
         return
     # Imported here: Lightning's imports take seconds that ingest and bench do without (and so does
     # the forkserver of their DataLoader workers, which imports what the main script imports).

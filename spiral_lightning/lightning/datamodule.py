@@ -10,18 +10,18 @@ from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 import torch.distributed
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
-from spiral_lightning.datasets.job import Layout, even_epoch, fewest_batches, pinned
+from spiral_lightning.datasets.job import Layout, pinned
 from spiral_lightning.datasets.loader import WORKER_TIMEOUT, default_workers
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
+from spiral_lightning.datasets.record import StepRecord, check_recordable
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset, Windows
@@ -34,7 +34,7 @@ from spiral_lightning.lightning.mixing import MixedTable, mixed_tables, train_mi
 from spiral_lightning.lightning.padding import WithValid, check_unmasked, evaluation_loader
 from spiral_lightning.lightning.settings import check_settings, check_tokens, check_train_kind
 from spiral_lightning.lightning.skips import StepSkips, check_skips
-from spiral_lightning.lightning.train_kinds import counted_train
+from spiral_lightning.lightning.train_kinds import counted_train, prepare_epoch
 from spiral_lightning.planning.policies import as_policy, balanced, stripe
 from spiral_lightning.reading.frames import Last
 from spiral_lightning.reading.packing import Packing
@@ -101,6 +101,7 @@ class SpiralDataModule(pl.LightningDataModule):
             ``policy`` is given); other stages read rows.
         tokens: Train on batches of whole documents sized by a ``TokenBudget`` (a ``TokenBatchDataset``).
         skip_steps: Ranges ``(start, end)`` of training steps whose batches a rolled-back run leaves out.
+        record: A folder where each rank notes the stored rows of every training step (see ``record.rows``).
     """
 
     def __init__(
@@ -136,6 +137,7 @@ class SpiralDataModule(pl.LightningDataModule):
         windows: Windows | None = None,
         tokens: TokenBudget | None = None,
         skip_steps: list[tuple[int, int]] | None = None,
+        record: str | None = None,
     ) -> None:
         super().__init__()
         check_settings(
@@ -201,6 +203,7 @@ class SpiralDataModule(pl.LightningDataModule):
         self._map_training: MapTraining | None = None
         self._restored: dict[str, Any] | None = None
         self._skipped = 0
+        self.record = record
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:
@@ -268,6 +271,8 @@ class SpiralDataModule(pl.LightningDataModule):
                 trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
         if stage == "fit" and self.access == "map":
             self.map_train = TableMapDataset(self.datasets["train"].spec)
+        if stage == "fit" and self.record is not None:
+            check_recordable(self.map_train or self._train(), self.record)
         if self._restored is not None and (train := self._train()) is not None:
             positions.check_version(self._restored, train)
 
@@ -302,11 +307,12 @@ class SpiralDataModule(pl.LightningDataModule):
             "timeout": self.timeout,
         }
 
-    def _train_options(self) -> dict[str, Any]:
-        """A train loader's options: every loader's, and its skips (see ``SpiralLoader``)."""
+    def _train_options(self, dataset: positions.Train) -> dict[str, Any]:
+        """A train loader's options: every loader's, its skips and its record (see ``SpiralLoader``)."""
         before = self._train_loader.skipped if self._train_loader is not None else self._skipped
         step = partial(getattr, self.trainer, "global_step")
-        return {"skips": self.skips, "step": step, "skipped": before, **self._options()}
+        recording = None if self.record is None else partial(StepRecord, self.record, dataset, self._rank()[0])
+        return {"skips": self.skips, "step": step, "skipped": before, "recording": recording, **self._options()}
 
     def train_dataloader(self) -> SpiralLoader:
         if self.map_train is not None:
@@ -316,6 +322,14 @@ class SpiralDataModule(pl.LightningDataModule):
             table.check_shares(self.num_workers)
         replan = partial(positions.replanned_position, dataset, now=self._layout())
         return self._resumed_loader(dataset, self._prepare, replan, {})
+
+    def _flush_record(self) -> None:
+        """Write what the train loader's record noted since it last wrote (see ``SpiralLoader``)."""
+        if self._train_loader is not None and self._train_loader.record is not None:
+            self._train_loader.record.flush()
+
+    def teardown(self, stage: str) -> None:
+        self._flush_record()
 
     def _resumed_loader(
         self,
@@ -327,12 +341,12 @@ class SpiralDataModule(pl.LightningDataModule):
         """The train loader of ``dataset``, its epochs set up by ``prepare``, continuing a loaded
         checkpoint's position (through ``replan`` when it was saved under another layout)."""
         epoch = self._epoch()
+        self._flush_record()
         restored, replanned = self._take_restored(dataset, replan)
         done = replanned.batches if replanned is not None and replanned.epoch == epoch else 0
         batches = prepare(epoch) + done
-        loader = SpiralLoader(
-            dataset, batches=batches, epoch=self._epoch, prepare=prepare, **options, **self._train_options()
-        )
+        options |= self._train_options(dataset)
+        loader = SpiralLoader(dataset, batches=batches, epoch=self._epoch, prepare=prepare, **options)
         if replanned is not None:
             loader.continue_replanned(replanned.epoch, replanned.batches)
         elif restored is not None and (position := positions.rank_position(restored, self._rank()[0])) is not None:
@@ -343,8 +357,7 @@ class SpiralDataModule(pl.LightningDataModule):
     def _take_restored(
         self, dataset: positions.Train, replan: Callable[[dict[str, Any]], Position | None]
     ) -> tuple[dict[str, Any] | None, Position | None]:
-        """The checkpoint state the train loader resumes from, taken once, and the position
-        ``replan`` makes of it when it was saved under another topology or inside a re-plan."""
+        """The checkpoint state the train loader resumes from, taken once, and ``replan``'s position of it."""
         restored, self._restored = self._restored, None
         if restored is None:
             return None, None
@@ -379,22 +392,9 @@ class SpiralDataModule(pl.LightningDataModule):
         return 0 if self.trainer is None else self.trainer.current_epoch
 
     def _prepare(self, epoch: int) -> int:
-        """Set the train dataset up for ``epoch``: its work lists and, for even batches, the
-        quota of every consumer. The rank's batches in that epoch."""
-        if self.counted_train is not None:
-            self.counted_train.set_epoch(epoch)
-            batches, note = fewest_batches(self.counted_train, self.num_workers, self.even_batches)
-            if note is not None:
-                rank_zero_info(f"SpiralDataModule: {note}")
-            return batches
-        dataset = self._dataset("train")
-        dataset.set_epoch(epoch)
-        # Every rank prepares every epoch at the same point, so the counts can be shared.
-        dataset.count_shared(self.num_workers)
-        if self.even_batches and dataset.world_size > 1:
-            even = even_epoch(dataset, self.num_workers, self.batch_size)
-            (rank_zero_warn if even.warn else rank_zero_info)(f"SpiralDataModule: {even.note}")
-        return dataset.batches(self.num_workers)
+        """Set the train dataset up for ``epoch`` (see ``prepare_epoch``); the rank's batches in it."""
+        train = self._dataset("train") if self.counted_train is None else self.counted_train
+        return prepare_epoch(train, epoch, self.num_workers, even=self.even_batches, batch_size=self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's training position with the settings it is valid for.
@@ -413,6 +413,7 @@ class SpiralDataModule(pl.LightningDataModule):
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, mine)
+        self._flush_record()
         version, lineage = positions.version_of(loader.table), self._lineage(loader)
         return seal_entry(version, self._layout(), ranks, lineage, loader.skipped)
 

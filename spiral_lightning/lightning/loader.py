@@ -17,6 +17,7 @@ from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.loader import Loader, warm_for, without_set_vital_warning
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
+from spiral_lightning.datasets.record import StepRecord
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
@@ -69,7 +70,9 @@ class SpiralLoader(Loader):
     returns the step the next batch is trained in, and ``skipped`` counts the steps left out
     before this loader, so that the step a batch had in the rolled-back run is ``step() +
     skipped``. The batches left out are read and dropped, counted in the position, and not in
-    ``len``, so every rank trains the same number of batches.
+    ``len``, so every rank trains the same number of batches. ``recording`` makes the rank's
+    ``StepRecord`` when the loader first reads (given the step of its first batch), which notes
+    every batch's stored rows under that numbering, skipped ones marked.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class SpiralLoader(Loader):
         skips: StepSkips | None = None,
         step: Callable[[], int] | None = None,
         skipped: int = 0,
+        recording: Callable[[int], StepRecord] | None = None,
         **options: Any,
     ) -> None:
         if options.get("num_workers") and options.get("multiprocessing_context") == "forkserver":
@@ -101,7 +105,9 @@ class SpiralLoader(Loader):
         self._yielded = 0
         self._replanned: Position | None = None
         self._skips, self._step, self.skipped = skips, step, skipped
-        self._left_out: tuple[int, list[range]] | None = None
+        self._left_out: tuple[int, int, list[range]] | None = None
+        self._recording = recording
+        self.record: StepRecord | None = None
 
     def __len__(self) -> int:
         return self.batches - sum(len(left) for left in self._left_out_of(*self._next_epoch()))
@@ -118,13 +124,18 @@ class SpiralLoader(Loader):
         return (epoch + 1, 0) if pending.batches >= self.batches else (epoch, pending.batches)
 
     def _left_out_of(self, epoch: int, done: int) -> list[range]:
-        """The batch indexes of ``epoch``, of which ``done`` were delivered, whose steps are
-        skipped: found once per epoch, before its next batch, while ``step()`` is that batch's step."""
-        if self._skips is None or self._step is None:
-            return []
+        """The batch indexes of ``epoch``, of which ``done`` were delivered, whose steps are skipped."""
+        return self._steps_of(epoch, done)[1]
+
+    def _steps_of(self, epoch: int, done: int) -> tuple[int, list[range]]:
+        """The step of ``epoch``'s batch ``done`` (those before it delivered) and the batch indexes
+        whose steps are skipped: found once per epoch, before its next batch, while ``step()``
+        is that batch's step."""
         if self._left_out is None or self._left_out[0] != epoch:
-            self._left_out = (epoch, self._skips.left_out(self._step() + self.skipped, done, self.batches))
-        return self._left_out[1]
+            first = 0 if self._step is None else self._step() + self.skipped
+            left_out = [] if self._skips is None else self._skips.left_out(first, done, self.batches)
+            self._left_out = (epoch, first - done, left_out)
+        return self._left_out[1] + done, self._left_out[2]
 
     def __iter__(self) -> Iterator[Any]:
         # Setting up runs on the first next(), not here: Lightning creates every iterator before
@@ -160,10 +171,23 @@ class SpiralLoader(Loader):
                 super().load_state_dict(pending.loader)
             self._yielded = pending.batches
         self._reading = epoch
-        left_out = self._left_out_of(epoch, self._yielded)
+        first, left_out = self._steps_of(epoch, self._yielded)
+        # The step of batch index i of this epoch is i + shift, as the rolled-back run numbered it.
+        shift = first - self._yielded
+        if self._recording is not None and self.record is None:
+            self.record = self._recording(first)
+        if self.record is not None:
+            restored = pending is not None and pending.epoch == epoch and pending.loader
+            self.record.begin(consumer_states(pending.loader) if pending is not None and restored else [])
         for batch in super().__iter__():
             self._yielded += 1
-            if any(self._yielded - 1 in left for left in left_out):
+            skip = any(self._yielded - 1 in left for left in left_out)
+            if self.record is not None:
+                # In process the dataset's own state: torchdata's copy of it costs twice as much.
+                own = self.num_workers == 0 and hasattr(self.table, "state_dict")
+                states = [self.table.state_dict()] if own else consumer_states(super().state_dict())
+                self.record.note(self._yielded - 1 + shift, states, skip)
+            if skip:
                 self.skipped += 1
                 continue
             yield batch

@@ -1,0 +1,148 @@
+"""A record of the stored rows each training step read: one JSON-lines file per rank, written by
+the train loader and read back by ``rows``.
+
+A rank's file holds a header line each time a train loader starts (the table version, the rank,
+and ``from_step``, the step of its first batch) and one line per step: the step, its epoch and its
+rows as ``[split, start, end]`` ranges of stored rows (or ``"skipped": true`` for a step whose
+batch ``skip_steps`` left out). Steps are numbered as ``skip_steps`` numbers them. A header
+discards what the file says of its ``from_step`` and later steps: a run resumed from an earlier
+checkpoint reads those steps again, and what it reads then is what the record keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
+from spiral_lightning.core.state import State
+from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.planning.delivered import Ranges, rows_between
+from spiral_lightning.planning.policies import Shuffled, window_key
+
+#: The version of the lines a record holds.
+RECORD_FORMAT = 1
+
+
+def check_recordable(dataset: Any, folder: str | Path) -> None:
+    """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
+    rows read without a filter (a kind that batches otherwise, or a filter, makes a batch's stored
+    rows more than its cursors tell), into a local folder."""
+    if "://" in str(folder):
+        raise ValueError(f"record= takes a local folder; a record in an object store ({folder!r}) is not built yet")
+    if type(dataset) is not TableDataset or dataset.spec.filter is not None:
+        kind = type(dataset).__name__
+        raise ValueError(
+            f"record= notes the stored rows of each step for a TableDataset read without a filter, not for "
+            f"{'a filtered table' if kind == 'TableDataset' else kind}; a record of mixtures, windows, packed "
+            "blocks, token budgets, map access and filtered tables is not built yet: leave record unset"
+        )
+
+
+class StepRecord:
+    """The record of one rank's train loader (see the module): ``note`` each step's batch from
+    the states of the loader's consumers after it, ``flush`` at each checkpoint.
+
+        record = StepRecord("runs/record", dataset, rank=0, from_step=0)
+        record.begin([])  # a pass from the epoch's start
+        record.note(0, consumer_states(loader.state_dict()))
+        record.flush()
+    """
+
+    def __init__(self, folder: str | Path, dataset: Any, rank: int, from_step: int) -> None:
+        check_recordable(dataset, folder)
+        self.dataset: TableDataset = dataset
+        self.path = Path(folder) / f"rank-{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
+        self._lines = [json.dumps(header)]
+        self._digests: list[str | None] = []
+        self._states: list[State | None] = []
+        # Each consumer's work list by its fingerprint, planned once.
+        self._work: dict[Shard, tuple[str | None, list[WorkItem]]] = {}
+
+    def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
+        order; none for a pass from an epoch's start)."""
+        self._digests = [state.get("digest") for state in states]
+        self._states = [State.from_dict(state) for state in states]
+
+    def note(self, step: int, states: Sequence[Mapping[str, Any]], skipped: bool = False) -> None:
+        """Note the batch of ``step``: the rows between the previous and the new state of the one
+        consumer whose state ``states`` (every consumer's, in worker order) moved on. A state
+        before its consumer's first batch (no cursor) is taken as the start of its list."""
+        if len(self._digests) != len(states):
+            self._digests, self._states = [None] * len(states), [None] * len(states)
+        moved: list[tuple[int, State]] = []
+        for index, state in enumerate(states):
+            if state.get("digest") == self._digests[index]:
+                continue
+            # The loader's own states, sealed by its consumers: no digest to check again.
+            found = State.from_dict(state, check_digest=False)
+            if found.cursor is not None:
+                moved.append((index, found))
+                continue
+            self._digests[index], self._states[index] = state.get("digest"), None
+        if len(moved) != 1:
+            raise RuntimeError(f"step {step}: {len(moved)} consumers' states moved on with one batch")
+        index, after = moved[0]
+        before = self._states[index]
+        if before is not None and before.epoch != after.epoch:
+            before = None
+        self._digests[index], self._states[index] = states[index].get("digest"), after
+        line: dict[str, Any] = {"step": step, "epoch": after.epoch, "rows": self._rows(before, after)}
+        if skipped:
+            line["skipped"] = True
+        self._lines.append(json.dumps(line, separators=(",", ":")))
+
+    def _rows(self, before: State | None, after: State) -> Ranges:
+        """The stored rows one consumer delivered between two of its states."""
+        shard: Shard = after.shard
+        if self._work.get(shard, (None, []))[0] != after.work:
+            items = self.dataset.work(shard)
+            if fingerprint(items) != after.work:
+                raise RuntimeError(f"the record found another work list for consumer {tuple(shard)} than it read")
+            self._work[shard] = (after.work, items)
+        items = self._work[shard][1]
+        policy = self.dataset.policy
+        window = 0
+        key: tuple[int, ...] = ()
+        if isinstance(policy, Shuffled) and policy.buffer_rows:
+            window, key = policy.buffer_rows, window_key(policy.seed, after.epoch, shard)
+        if after.cursor is None:
+            raise RuntimeError(f"consumer {tuple(shard)} delivered a batch but its state has no cursor")
+        return rows_between(items, None if before is None else before.cursor, after.cursor, window, key)
+
+    def flush(self) -> None:
+        """Append the lines noted since the last flush to the rank's file."""
+        if self._lines:
+            with self.path.open("a") as file:
+                file.write("".join(f"{line}\n" for line in self._lines))
+            self._lines = []
+
+
+def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, Ranges]]:
+    """Which stored rows each of ``steps`` (every recorded step when ``None``) trained on, by
+    rank: ``{step: {rank: [(split, start, end), ...]}}``, from the record folder ``record``. A
+    step whose batch was skipped is left out, as is one no rank recorded."""
+    wanted = None if steps is None else set(steps)
+    found: dict[int, dict[int, Ranges]] = {}
+    for path in sorted(Path(record).glob("rank-*.jsonl")):
+        kept: dict[int, Ranges | None] = {}
+        rank = -1
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            line = json.loads(text)
+            if "from_step" in line:
+                if line.get("format") != RECORD_FORMAT:
+                    raise ValueError(f"{path}, line {number}: unknown record format {line.get('format')!r}")
+                rank = int(line["rank"])
+                kept = {step: ranges for step, ranges in kept.items() if step < line["from_step"]}
+                continue
+            read = [(int(split), int(start), int(end)) for split, start, end in line["rows"]]
+            kept[int(line["step"])] = None if line.get("skipped") else read
+        for step, trained in kept.items():
+            if trained is not None and (wanted is None or step in wanted):
+                found.setdefault(step, {})[rank] = trained
+    return dict(sorted(found.items()))

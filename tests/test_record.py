@@ -1,0 +1,90 @@
+"""The record of each step's rows: what a DataModule run trained on, step by step and rank by
+rank, read back by ``spiral_lightning.record.rows``, through a rollback with skipped steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from spiral_lightning import SpiralDataModule, TableSpec
+from spiral_lightning.lightning.cli import main
+from spiral_lightning.record import rows
+from tests.lightning_job import Recorder
+
+SKIPS = [(12, 15)]
+
+
+def fit(root: Path, spec: TableSpec, ckpt_path: Path | None, **options: Any) -> Recorder:
+    """Two epochs of 20 batches of 50 rows, a checkpoint every 5 steps, the record in ``root/record``."""
+    model = Recorder()
+    data = SpiralDataModule(spec, batch_size=50, record=str(root.parent / "record"), **options)
+    saves = ModelCheckpoint(root, "{step}", every_n_train_steps=5, save_top_k=-1)
+    settings: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
+    pl.Trainer(max_epochs=2, callbacks=[saves], default_root_dir=root, **settings).fit(
+        model, datamodule=data, ckpt_path=ckpt_path
+    )
+    return model
+
+
+def stored(ranges: list[tuple[int, int, int]]) -> list[int]:
+    """The ids of a one-split table whose id is its stored row."""
+    return sorted(row for split, start, end in ranges for row in range(start, end))
+
+
+@pytest.mark.parametrize(("workers", "shuffle"), [(0, True), (2, False)])
+def test_the_record_names_each_steps_rows_through_a_rollback_with_skipped_steps(
+    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int, shuffle: bool
+) -> None:
+    spec = make_table([1000], columns=["id", "x"])
+    first = fit(tmp_path / "first", spec, None, num_workers=workers, shuffle=shuffle)
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == list(range(40))
+    assert all(stored(recorded[step][0]) == sorted(ids) for _, step, ids in first.seen)
+
+    rolled = fit(
+        tmp_path / "rolled",
+        spec,
+        tmp_path / "first" / "step=10.ckpt",
+        num_workers=workers,
+        shuffle=shuffle,
+        skip_steps=SKIPS,
+    )
+    recorded = rows(tmp_path / "record")
+    # The skipped steps' rows were read and dropped: the record keeps no rows for them.
+    assert sorted(recorded) == [step for step in range(40) if not 12 <= step < 15]
+    trained = [ids for _, step, ids in first.seen if step < 10] + [ids for _, _, ids in rolled.seen]
+    assert sorted(stored(r[0]) for r in recorded.values()) == sorted(sorted(ids) for ids in trained)
+    # Epoch 0 (steps 0-19) trained every row but the skipped steps' once; epoch 1 every row.
+    epoch_0 = [i for step, ranges in recorded.items() if step < 20 for i in stored(ranges[0])]
+    skipped = {i for _, step, ids in first.seen if 12 <= step < 15 for i in ids}
+    assert sorted(epoch_0) == sorted(set(range(1000)) - skipped) and len(skipped) == 150
+
+
+def test_the_command_prints_a_steps_rows_and_kinds_it_cannot_record_are_refused(
+    make_table: Callable[..., TableSpec], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = make_table([1000], columns=["id", "x"])
+    first = fit(tmp_path / "first", spec, None, num_workers=0)
+    capsys.readouterr()
+    main(["record", str(tmp_path / "record"), "--steps", "3:5"])
+    # Stored order: step s trained rows 50 s to 50 s + 49, epoch 0 then again in epoch 1.
+    assert capsys.readouterr().out.splitlines() == ["step 3 rank 0: 0:150-200", "step 4 rank 0: 0:200-250"]
+    assert [sorted(ids) for _, step, ids in first.seen if step in (3, 4)] == [
+        list(range(150, 200)),
+        list(range(200, 250)),
+    ]
+    with pytest.raises(SystemExit):
+        main(["record", str(tmp_path / "nowhere")])
+    assert "no record folder" in capsys.readouterr().err
+    filtered = SpiralDataModule(TableSpec(spec.uri, filter="id < 500"), record=str(tmp_path / "r2"))
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="not for a filtered table"):
+        trainer.fit(Recorder(), datamodule=filtered)
+    remote = SpiralDataModule(spec, record="s3://bucket/record")
+    with pytest.raises(ValueError, match="record= takes a local folder"):
+        trainer.fit(Recorder(), datamodule=remote)
