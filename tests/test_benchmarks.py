@@ -1,5 +1,5 @@
-"""The benchmarks stay runnable: the planning, packing, token-batch and peers benchmarks run at a small
-size and print every target row and path."""
+"""The benchmarks stay runnable: the planning, packing, token-batch, step-record and peers benchmarks run
+at a small size and print every target row and path."""
 
 from __future__ import annotations
 
@@ -51,6 +51,20 @@ def test_the_token_batches_benchmark_runs_and_prints_every_path() -> None:
         "| `TokenBatchDataset` flat",
     ]
     assert "target TokenBatchDataset padded share < 0.10" in done.stdout
+
+
+def test_the_step_record_benchmark_runs_and_prints_every_path() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "step_record.py"), "--rows", "20000"]
+    done = subprocess.run([*command, "--split-rows", "5000", "--repeats", "1"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert rows == [
+        "| stored order, num_workers=0",
+        "| stored order, num_workers=2",
+        "| shuffle=True, num_workers=0",
+        "| shuffle=True, num_workers=2",
+    ]
+    assert "target a record adds <= 0.2 ms a step" in done.stdout
 
 
 def test_the_peers_benchmark_runs_and_prints_every_path() -> None:

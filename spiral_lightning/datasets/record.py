@@ -58,7 +58,8 @@ class StepRecord:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
         self._lines = [json.dumps(header)]
-        self._digests: list[str | None] = []
+        # What each consumer's last state was known by: its digest, or the State itself.
+        self._seen: list[object] = []
         self._states: list[State | None] = []
         # Each consumer's work list by its fingerprint, planned once.
         self._work: dict[Shard, tuple[str | None, list[WorkItem]]] = {}
@@ -66,32 +67,35 @@ class StepRecord:
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
         order; none for a pass from an epoch's start)."""
-        self._digests = [state.get("digest") for state in states]
+        self._seen = [state.get("digest") for state in states]
         self._states = [State.from_dict(state) for state in states]
 
-    def note(self, step: int, states: Sequence[Mapping[str, Any]], skipped: bool = False) -> None:
+    def note(self, step: int, states: Sequence[Mapping[str, Any] | State], skipped: bool = False) -> None:
         """Note the batch of ``step``: the rows between the previous and the new state of the one
-        consumer whose state ``states`` (every consumer's, in worker order) moved on. A state
-        before its consumer's first batch (no cursor) is taken as the start of its list."""
-        if len(self._digests) != len(states):
-            self._digests, self._states = [None] * len(states), [None] * len(states)
-        moved: list[tuple[int, State]] = []
+        consumer whose state moved on, of ``states`` (every consumer's, in worker order: as dicts,
+        or in process as the dataset's ``State``). A state before its consumer's first batch (no
+        cursor) is taken as the start of its list."""
+        if len(self._seen) != len(states):
+            self._seen, self._states = [None] * len(states), [None] * len(states)
+        moved: list[tuple[int, State, object]] = []
         for index, state in enumerate(states):
-            if state.get("digest") == self._digests[index]:
+            # A dict is known by its digest; a State by itself (its equality leaves out nothing read here).
+            mark = state if isinstance(state, State) else state.get("digest")
+            if mark == self._seen[index]:
                 continue
             # The loader's own states, sealed by its consumers: no digest to check again.
-            found = State.from_dict(state, check_digest=False)
+            found = state if isinstance(state, State) else State.from_dict(state, check_digest=False)
             if found.cursor is not None:
-                moved.append((index, found))
+                moved.append((index, found, mark))
                 continue
-            self._digests[index], self._states[index] = state.get("digest"), None
+            self._seen[index], self._states[index] = mark, None
         if len(moved) != 1:
             raise RuntimeError(f"step {step}: {len(moved)} consumers' states moved on with one batch")
-        index, after = moved[0]
+        index, after, mark = moved[0]
         before = self._states[index]
         if before is not None and before.epoch != after.epoch:
             before = None
-        self._digests[index], self._states[index] = states[index].get("digest"), after
+        self._seen[index], self._states[index] = mark, after
         line: dict[str, Any] = {"step": step, "epoch": after.epoch, "rows": self._rows(before, after)}
         if skipped:
             line["skipped"] = True

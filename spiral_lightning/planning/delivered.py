@@ -9,6 +9,7 @@ those delivered after its cursor and not before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,21 +31,15 @@ def _offsets(items: Sequence[WorkItem]) -> Positions:
     return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(sizes)))
 
 
-def _delivered(
-    items: Sequence[WorkItem], offsets: Positions, cursor: Cursor | None, window_rows: int, key: Sequence[int]
-) -> tuple[int, Positions]:
-    """The stream rows delivered before ``cursor``: all before the first returned, and the
-    second's (sorted) inside a shuffle window of ``window_rows`` rows drawn from ``key``."""
-    none = np.zeros(0, dtype=np.int64)
-    if cursor is None:
-        return 0, none
+#: The orders of the last windows seen: a consumer reads each window over many batches.
+_order = functools.lru_cache(maxsize=16)(window_order)
+
+
+def _position(items: Sequence[WorkItem], offsets: Positions, cursor: Cursor) -> int:
+    """The stream row ``cursor`` points at (for a cursor in a window, the window's first row)."""
     if cursor.item >= len(items):
-        return int(offsets[-1]), none
-    at = int(offsets[cursor.item] + cursor.row + cursor.skip - items[cursor.item].start)
-    if not cursor.taken:
-        return at, none
-    rows = min(window_rows, int(offsets[-1]) - at)
-    return at, at + np.sort(window_order(key, cursor.window, rows)[: cursor.taken]).astype(np.int64)
+        return int(offsets[-1])
+    return int(offsets[cursor.item] + cursor.row + cursor.skip - items[cursor.item].start)
 
 
 def rows_between(
@@ -54,24 +49,34 @@ def rows_between(
     ``after``, as ranges in stream order (``window_rows`` and ``key``: the consumer's shuffle
     windows, see ``planning.policies.window_order``)."""
     offsets = _offsets(items)
-    low, taken_before = _delivered(items, offsets, before, window_rows, key)
-    high, taken_after = _delivered(items, offsets, after, window_rows, key)
-    if not taken_before.size and not taken_after.size:
+    low = 0 if before is None else _position(items, offsets, before)
+    high = _position(items, offsets, after)
+    if not window_rows:
         return _stored(items, offsets, low, high)
-    positions = np.setdiff1d(np.union1d(np.arange(low, high, dtype=np.int64), taken_after), taken_before)
-    if not positions.size:
+    # Window by window: the rest of ``before``'s window in its order, whole windows between, and
+    # the first ``after.taken`` rows of ``after``'s window in its order.
+    total, key = int(offsets[-1]), tuple(key)
+    window, taken = (0, 0) if before is None else (before.window, before.taken)
+    parts: list[Positions] = []
+    while low < high or (low == high and after.taken > taken):
+        rows = min(window_rows, total - low)
+        last = after.taken if low == high else rows
+        parts.append(low + np.asarray(_order(key, window, rows)[taken:last], dtype=np.int64))
+        if low == high:
+            break
+        low, window, taken = low + rows, window + 1, 0
+    if not parts:
         return []
+    positions = np.sort(np.concatenate(parts))
     # Runs of consecutive positions, cut again where an item ends.
     item_of = np.searchsorted(offsets, positions, side="right") - 1
     breaks = np.flatnonzero((np.diff(positions) != 1) | (np.diff(item_of) != 0)) + 1
     starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [positions.size]))
-    ranges: Ranges = []
-    for first, last in zip(starts.tolist(), ends.tolist(), strict=True):
-        item = items[int(item_of[first])]
-        stored = item.start + int(positions[first] - offsets[item_of[first]])
-        ranges.append((item.split, stored, stored + last - first))
-    return ranges
+    lengths = np.diff(np.concatenate((starts, [positions.size])))
+    owner = item_of[starts]
+    splits = np.array([item.split for item in items], dtype=np.int64)[owner]
+    firsts = np.array([item.start for item in items], dtype=np.int64)[owner] + positions[starts] - offsets[owner]
+    return list(zip(splits.tolist(), firsts.tolist(), (firsts + lengths).tolist(), strict=True))
 
 
 def _stored(items: Sequence[WorkItem], offsets: Positions, low: int, high: int) -> Ranges:

@@ -1,0 +1,54 @@
+"""``planning.delivered.rows_between`` against the stream it describes: for any two places in a
+consumer's delivery order (stored order, or shuffle windows), the stored rows between them."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spiral_lightning.core.plan import WorkItem
+from spiral_lightning.core.state import Cursor
+from spiral_lightning.planning.delivered import rows_between
+from spiral_lightning.planning.policies import window_order
+
+
+def cursor_at(items: list[WorkItem], position: int, window: int = 0, taken: int = 0) -> Cursor:
+    """The cursor of stream row ``position`` (a window's first row, for a window cursor)."""
+    for index, item in enumerate(items):
+        if position < item.end - item.start:
+            return Cursor(index, item.start + position, 0, window, taken)
+        position -= item.end - item.start
+    return Cursor(len(items), 0, 0, window, taken)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    window_rows=st.sampled_from([0, 1, 7, 25, 1000]),
+    places=st.tuples(st.integers(0, 300), st.integers(0, 300)),
+)
+def test_the_rows_between_two_places_are_those_the_stream_delivered_between_them(
+    sizes: list[int], window_rows: int, places: tuple[int, int]
+) -> None:
+    items = [WorkItem(split, 10 * split, 10 * split + size) for split, size in enumerate(sizes)]
+    stored = [(item.split, row) for item in items for row in range(item.start, item.end)]
+    total = len(stored)
+    key = (3, 1, 0, 1, 0, 1)
+    # The delivery order of stream rows, and each place's cursor (taken inside its window).
+    order: list[int] = []
+    cursors: list[Cursor] = []
+    start, window = 0, 0
+    while start < total:
+        rows = total if not window_rows else min(window_rows, total - start)
+        shuffled = window_order(key, window, rows) if window_rows else np.arange(rows)
+        for taken in range(rows):
+            at = start + taken if not window_rows else start
+            cursors.append(cursor_at(items, at, window, taken if window_rows else 0))
+            order.append(start + int(shuffled[taken]))
+        start, window = start + rows, window + 1
+    cursors.append(cursor_at(items, total, window, 0))
+    low, high = sorted(min(place, total) for place in places)
+    before = None if low == 0 else cursors[low]
+    found = rows_between(items, before, cursors[high], window_rows, key)
+    rows = [(split, row) for split, first, end in found for row in range(first, end)]
+    assert rows == sorted(stored[position] for position in order[low:high])
