@@ -132,7 +132,9 @@ class SpiralLoader(Loader):
         whose steps are skipped: found once per epoch, before its next batch, while ``step()``
         is that batch's step."""
         if self._left_out is None or self._left_out[0] != epoch:
-            first = 0 if self._step is None else self._step() + self.skipped
+            # Only skips and records number steps: without them there may be no Trainer to ask.
+            numbered = self._step is not None and (self._skips is not None or self._recording is not None)
+            first = self._step() + self.skipped if numbered and self._step is not None else 0
             left_out = [] if self._skips is None else self._skips.left_out(first, done, self.batches)
             self._left_out = (epoch, first - done, left_out)
         return self._left_out[1] + done, self._left_out[2]
