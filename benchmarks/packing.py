@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,8 @@ from spiral_lightning import PackedDataset, TableSpec, write_table
 TARGET = 0.7
 #: The separator token the separator path puts after each document.
 SEPARATOR = 0
+
+T = TypeVar("T")
 
 
 def documents(tokens: int, split_rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
@@ -161,15 +164,14 @@ def packed(dataset: PackedDataset) -> int:
     return sum(batch["tokens"].numel() for batch in dataset)
 
 
-def best(path: Callable[[], int], repeats: int) -> tuple[float, int]:
-    """The fastest of ``repeats`` passes, in seconds, and the tokens one pass delivers."""
-    times = []
-    delivered = 0
+def best(path: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """The fastest of ``repeats`` passes, in seconds, and what it delivered (the tokens, a tally)."""
+    timed = []
     for _ in range(repeats):
         began = time.perf_counter()
         delivered = path()
-        times.append(time.perf_counter() - began)
-    return min(times), delivered
+        timed.append((time.perf_counter() - began, delivered))
+    return min(timed, key=lambda run: run[0])
 
 
 def main() -> None:

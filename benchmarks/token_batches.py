@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from packing import open_table, raw_flat
+from packing import best, open_table, raw_flat
 
 from spiral_lightning import PackedDataset, Padded, TableDataset, TableSpec, TokenBatchDataset, TokenBudget, write_table
 
@@ -91,17 +90,6 @@ def budgeted(dataset: TokenBatchDataset) -> Pass:
         else:
             tally.flat(batch["tokens"].numel())
     return tally
-
-
-def best(path: Callable[[], Pass], repeats: int) -> tuple[float, Pass]:
-    """The fastest of ``repeats`` passes, in seconds, and what one pass delivered."""
-    times = []
-    tally = Pass()
-    for _ in range(repeats):
-        began = time.perf_counter()
-        tally = path()
-        times.append(time.perf_counter() - began)
-    return min(times), tally
 
 
 def main() -> None:
