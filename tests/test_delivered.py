@@ -1,7 +1,10 @@
 """``planning.delivered.rows_between`` against the stream it describes: for any two places in a
-consumer's delivery order (stored order, or shuffle windows), the stored rows between them."""
+consumer's delivery order (stored order, or shuffle windows), the stored rows between them; and a
+record's ranges, listed or packed, read back as written."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from hypothesis import given
@@ -9,6 +12,7 @@ from hypothesis import strategies as st
 
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
+from spiral_lightning.datasets.record import LISTED_RANGES, decoded, encoded
 from spiral_lightning.planning.delivered import rows_between
 from spiral_lightning.planning.policies import window_order
 
@@ -50,5 +54,13 @@ def test_the_rows_between_two_places_are_those_the_stream_delivered_between_them
     low, high = sorted(min(place, total) for place in places)
     before = None if low == 0 else cursors[low]
     found = rows_between(items, before, cursors[high], window_rows, key)
-    rows = [(split, row) for split, first, end in found for row in range(first, end)]
+    rows = [(split, row) for split, first, end in found.tolist() for row in range(first, end)]
     assert rows == sorted(stored[position] for position in order[low:high])
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**12), st.integers(1, 1000)), max_size=40))
+def test_a_records_ranges_read_back_as_written(found: list[tuple[int, int, int]]) -> None:
+    ranges = [(split, start, start + rows) for split, start, rows in found]
+    line = json.loads(json.dumps(encoded(np.array(ranges, dtype=np.int64).reshape(-1, 3))))
+    assert decoded(line) == ranges
+    assert ("packed" in line) == (len(ranges) > LISTED_RANGES)

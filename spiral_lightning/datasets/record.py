@@ -3,18 +3,23 @@ the train loader and read back by ``rows``.
 
 A rank's file holds a header line each time a train loader starts (the table version, the rank,
 and ``from_step``, the step of its first batch) and one line per step: the step, its epoch and its
-rows as ``[split, start, end]`` ranges of stored rows (or ``"skipped": true`` for a step whose
-batch ``skip_steps`` left out). Steps are numbered as ``skip_steps`` numbers them. A header
-discards what the file says of its ``from_step`` and later steps: a run resumed from an earlier
-checkpoint reads those steps again, and what it reads then is what the record keeps.
+rows as ``[split, start, end]`` ranges of stored rows (packed when there are many, see
+``encoded``), and ``"skipped": true`` for a step whose batch ``skip_steps`` left out. Steps are
+numbered as ``skip_steps`` numbers them. A header discards what the file says of its
+``from_step`` and later steps: a run resumed from an earlier checkpoint reads those steps again,
+and what it reads then is what the record keeps.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import State
@@ -24,6 +29,31 @@ from spiral_lightning.planning.policies import Shuffled, window_key
 
 #: The version of the lines a record holds.
 RECORD_FORMAT = 1
+
+#: Ranges a step's line lists as they are; more (a shuffled batch, a range a row) are packed.
+LISTED_RANGES = 8
+
+
+def encoded(ranges: Ranges) -> dict[str, Any]:
+    """A step's ranges (``[n, 3]``: split, start, end) as a line holds them: ``{"rows": [[split,
+    start, end], ...]}``, or for many ranges ``{"packed": text}``, the ranges' split and start
+    differences and lengths as int64, compressed and in base64 (a shuffled batch's thousand single
+    rows take a sixth of the bytes)."""
+    if len(ranges) <= LISTED_RANGES:
+        return {"rows": ranges.tolist()}
+    columns = np.stack(
+        [np.diff(ranges[:, 0], prepend=0), np.diff(ranges[:, 1], prepend=0), ranges[:, 2] - ranges[:, 1]]
+    )
+    return {"packed": base64.b64encode(zlib.compress(columns.tobytes(), 1)).decode("ascii")}
+
+
+def decoded(line: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """The ranges of a step's line (see ``encoded``), as ``(split, start, end)``."""
+    if "packed" not in line:
+        return [(int(split), int(start), int(end)) for split, start, end in line["rows"]]
+    columns = np.frombuffer(zlib.decompress(base64.b64decode(line["packed"])), dtype=np.int64).reshape(3, -1)
+    splits, starts = np.cumsum(columns[0]), np.cumsum(columns[1])
+    return list(zip(splits.tolist(), starts.tolist(), (starts + columns[2]).tolist(), strict=True))
 
 
 def check_recordable(dataset: Any, folder: str | Path) -> None:
@@ -96,7 +126,7 @@ class StepRecord:
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[index], self._states[index] = mark, after
-        line: dict[str, Any] = {"step": step, "epoch": after.epoch, "rows": self._rows(before, after)}
+        line: dict[str, Any] = {"step": step, "epoch": after.epoch, **encoded(self._rows(before, after))}
         if skipped:
             line["skipped"] = True
         self._lines.append(json.dumps(line, separators=(",", ":")))
@@ -127,14 +157,14 @@ class StepRecord:
             self._lines = []
 
 
-def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, Ranges]]:
+def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, list[tuple[int, int, int]]]]:
     """Which stored rows each of ``steps`` (every recorded step when ``None``) trained on, by
     rank: ``{step: {rank: [(split, start, end), ...]}}``, from the record folder ``record``. A
     step whose batch was skipped is left out, as is one no rank recorded."""
     wanted = None if steps is None else set(steps)
-    found: dict[int, dict[int, Ranges]] = {}
+    found: dict[int, dict[int, list[tuple[int, int, int]]]] = {}
     for path in sorted(Path(record).glob("rank-*.jsonl")):
-        kept: dict[int, Ranges | None] = {}
+        kept: dict[int, list[tuple[int, int, int]] | None] = {}
         rank = -1
         for number, text in enumerate(path.read_text().splitlines(), 1):
             line = json.loads(text)
@@ -144,7 +174,7 @@ def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, di
                 rank = int(line["rank"])
                 kept = {step: ranges for step, ranges in kept.items() if step < line["from_step"]}
                 continue
-            read = [(int(split), int(start), int(end)) for split, start, end in line["rows"]]
+            read = decoded(line)
             kept[int(line["step"])] = None if line.get("skipped") else read
         for step, trained in kept.items():
             if trained is not None and (wanted is None or step in wanted):

@@ -19,8 +19,8 @@ from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
 from spiral_lightning.planning.policies import window_order
 
-#: Stored rows ``start`` to ``end`` of split ``split``.
-Ranges = list[tuple[int, int, int]]
+#: Ranges of stored rows, one a row of ``[split, start, end]`` (int64, shape ``[n, 3]``).
+Ranges = np.ndarray[Any, np.dtype[np.int64]]
 
 Positions = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -66,7 +66,7 @@ def rows_between(
             break
         low, window, taken = low + rows, window + 1, 0
     if not parts:
-        return []
+        return np.zeros((0, 3), dtype=np.int64)
     positions = np.sort(np.concatenate(parts))
     # Runs of consecutive positions, cut again where an item ends.
     item_of = np.searchsorted(offsets, positions, side="right") - 1
@@ -76,16 +76,16 @@ def rows_between(
     owner = item_of[starts]
     splits = np.array([item.split for item in items], dtype=np.int64)[owner]
     firsts = np.array([item.start for item in items], dtype=np.int64)[owner] + positions[starts] - offsets[owner]
-    return list(zip(splits.tolist(), firsts.tolist(), (firsts + lengths).tolist(), strict=True))
+    return np.stack([splits, firsts, firsts + lengths], axis=1)
 
 
 def _stored(items: Sequence[WorkItem], offsets: Positions, low: int, high: int) -> Ranges:
     """The stream's rows ``low`` to ``high`` as stored ranges, cut where an item ends."""
-    ranges: Ranges = []
+    ranges: list[tuple[int, int, int]] = []
     item = int(np.searchsorted(offsets, low, side="right")) - 1
     while low < high:
         end = min(high, int(offsets[item + 1]))
         start = items[item].start + low - int(offsets[item])
         ranges.append((items[item].split, start, start + end - low))
         low, item = end, item + 1
-    return ranges
+    return np.array(ranges, dtype=np.int64).reshape(-1, 3)
