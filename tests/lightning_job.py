@@ -90,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixed-with", default=None, help="a second table: train on a mixture, weights 3 to 1")
     parser.add_argument("--stop", choices=["first_exhausted", "cycle"], default="first_exhausted")
+    parser.add_argument("--skip-steps", default=None, help="START:END, the steps a rolled-back run leaves out")
+    parser.add_argument("--record", default=None, help="the folder of the step record")
     args = parser.parse_args(argv)
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
@@ -105,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         seed=args.seed,
         stop=args.stop,
         table_key=None if args.mixed_with is None else "table",
+        skip_steps=None if args.skip_steps is None else [tuple(int(step) for step in args.skip_steps.split(":"))],
+        record=args.record,
     )
     model = Recorder()
     trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)

@@ -53,7 +53,6 @@ def run(out: Path, phase: str, uri: str, devices: int, *extra: str) -> list[dict
     return [json.loads((out / f"{phase}-rank{rank}.json").read_text()) for rank in range(devices)]
 
 
-@pytest.mark.slow
 def stopped_and_resumed(out: Path, uri: str, steps: int, *options: str) -> tuple[list[int], list[int]]:
     """The row ids a 2-rank DDP job of ``lightning_job`` read before it stopped at ``steps`` (each
     rank read ``steps`` batches), and those one process read resuming from that checkpoint."""
@@ -65,6 +64,7 @@ def stopped_and_resumed(out: Path, uri: str, steps: int, *options: str) -> tuple
     return before, [row for _, _, ids in resumed["seen"] for row in ids]
 
 
+@pytest.mark.slow
 def test_a_ddp_run_resumes_as_one_process(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
     spec = make_table(SIZES).resolve()
     # 2 ranks x 2 workers read 250 rows each: 20 batches of 25 per rank. Stop after 9.

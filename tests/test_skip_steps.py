@@ -1,6 +1,7 @@
 """Rolling a run back to a checkpoint and skipping the data of some steps: the resumed run reads
-exactly the batches the first run read after the checkpoint, less those of the skipped steps, and
-a second resume inside the rolled-back run keeps numbering the steps as the first run did."""
+exactly the batches the first run read after the checkpoint, less those of the skipped steps, a
+second resume inside the rolled-back run keeps numbering the steps as the first run did, and two
+DDP ranks leave out the same steps and stay in step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import SpiralDataModule, TableSpec
 from spiral_lightning.lightning.skips import StepSkips
+from spiral_lightning.record import rows
 from tests.lightning_job import Recorder
+from tests.test_elastic_lightning import run
 
 SKIPS = [(12, 15), (22, 25)]
 
@@ -62,3 +65,23 @@ def test_skips_that_cannot_be_honoured_are_refused(make_table: Callable[..., Tab
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match="only a resume under that run's world size, num_workers and batch_size"):
         trainer.fit(Recorder(), datamodule=data, ckpt_path=tmp_path / "first" / "step=5.ckpt")
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_skip_the_same_steps_and_record_them(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    spec = make_table([400, 400]).resolve()
+    # Each rank reads 400 rows in batches of 20: 20 steps. Roll back to step 4 and skip steps 6-8.
+    options = ["--batch-size", "20", "--workers", "0", "--record", str(tmp_path / "record")]
+    first = run(tmp_path, "first", spec.uri, 2, *options, "--checkpoint-every", "4")
+    resumed = str(tmp_path / "checkpoints" / "step=4.ckpt")
+    rolled = run(tmp_path, "rolled", spec.uri, 2, *options, "--ckpt-path", resumed, "--skip-steps", "6:9")
+    kept = [step for step in range(4, 20) if not 6 <= step < 9]
+    for rank in range(2):
+        steps = {step: ids for _, step, ids in first[rank]["seen"]}
+        assert sorted(steps) == list(range(20))
+        assert [ids for _, _, ids in rolled[rank]["seen"]] == [steps[step] for step in kept]
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == [step for step in range(20) if not 6 <= step < 9]
+    assert all(sorted(ranks) == [0, 1] for ranks in recorded.values())
