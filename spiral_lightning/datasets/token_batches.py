@@ -16,7 +16,7 @@ from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.plan import Policy, Shard, WorkItem
 from spiral_lightning.core.spec import TableSpec, as_spec
-from spiral_lightning.core.state import State, check_saved
+from spiral_lightning.core.state import State, check_same_topology, check_saved
 from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
@@ -190,13 +190,8 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         taken = check_count(f"the {_KIND} state's batches taken", window[1])
         saved = State.from_dict(state["table"], check_digest=False)
         shard = self.shard()
-        if (saved.shard.world_size, saved.shard.workers) != (shard.world_size, shard.workers):
-            raise ValueError(
-                f"the {_KIND} state was saved by a consumer of {saved.shard.world_size} ranks x {saved.shard.workers} "
-                f"workers, and is restored into one of {shard.world_size} ranks x {shard.workers} workers; resume "
-                "under the saved ranks and workers (an elastic re-plan of token-budget batches is not built yet)"
-            )
-        saved.check_matches(self._state(self.shard()))
+        check_same_topology(_KIND, saved.shard, shard, elastic=False)
+        saved.check_matches(self._state(shard))
         self.set_epoch(saved.epoch)
         self.check_loaded(_KIND, saved, self.work(), windows=False, rows=False)
         integrity.check_digest(state, _KIND, saved.where())

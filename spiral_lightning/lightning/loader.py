@@ -112,12 +112,15 @@ class SpiralLoader(Loader):
     def __len__(self) -> int:
         return self.batches - sum(len(left) for left in self._left_out_of(*self._next_epoch()))
 
+    def _epoch_now(self) -> int:
+        """The epoch the Trainer (or the dataset) is in."""
+        if self._epoch is not None:
+            return self._epoch()
+        return self.table.epoch if isinstance(self.table, TableDataset) else 0
+
     def _next_epoch(self) -> tuple[int, int]:
         """The epoch the next read reads and the batches of it delivered before."""
-        if self._epoch is not None:
-            epoch = self._epoch()
-        else:
-            epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
+        epoch = self._epoch_now()
         pending = self._pending
         if pending is None or pending.epoch != epoch:
             return epoch, 0
@@ -133,8 +136,8 @@ class SpiralLoader(Loader):
         is that batch's step."""
         if self._left_out is None or self._left_out[0] != epoch:
             # Only skips and records number steps: without them there may be no Trainer to ask.
-            numbered = self._step is not None and (self._skips is not None or self._recording is not None)
-            first = self._step() + self.skipped if numbered and self._step is not None else 0
+            step = self._step if self._skips is not None or self._recording is not None else None
+            first = 0 if step is None else step() + self.skipped
             left_out = [] if self._skips is None else self._skips.left_out(first, done, self.batches)
             self._left_out = (epoch, first - done, left_out)
         return self._left_out[1] + done, self._left_out[2]
@@ -146,10 +149,7 @@ class SpiralLoader(Loader):
         return self._read()
 
     def _read(self) -> Iterator[Any]:
-        if self._epoch is not None:
-            epoch = self._epoch()
-        else:
-            epoch = self.table.epoch if isinstance(self.table, TableDataset) else 0
+        epoch = self._epoch_now()
         pending, self._pending = self._pending, None
         if pending is not None and pending.epoch == epoch and pending.batches > self.batches and pending.loader:
             raise ValueError(
@@ -179,8 +179,8 @@ class SpiralLoader(Loader):
         if self._recording is not None and self.record is None:
             self.record = self._recording(first)
         if self.record is not None:
-            restored = pending is not None and pending.epoch == epoch and pending.loader
-            self.record.begin(consumer_states(pending.loader) if pending is not None and restored else [])
+            restored = pending.loader if pending is not None and pending.epoch == epoch else {}
+            self.record.begin(consumer_states(restored) if restored else [])
         for batch in super().__iter__():
             self._yielded += 1
             skip = any(self._yielded - 1 in left for left in left_out)
