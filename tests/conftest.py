@@ -18,8 +18,10 @@ from tests.objectstore import S3Server, weed_binary
 from tests.tables import write_layout
 
 # Property tests draw the same examples every run by default, so a change is judged on the same
-# cases as the one before it; ./run-checks --full draws new ones each run (HYPOTHESIS_PROFILE=full).
-settings.register_profile("ci", derandomize=True, deadline=None)
+# cases as the one before it, and fewer of them (35, or a third of a test's own count: see
+# tests/examples.py); ./run-checks --full draws new ones each run, as many as each test asks for
+# (HYPOTHESIS_PROFILE=full).
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=35)
 settings.register_profile("full", derandomize=False, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

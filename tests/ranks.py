@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import runpy
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,3 +124,13 @@ def _start(job: Job, argv: list[str], environment: dict[str, str], log: str, own
     os.dup2(descriptor, 2)
     os.close(descriptor)
     job(argv)
+
+
+def run_script(argv: Sequence[str]) -> None:
+    """A job that runs the script ``argv[0]`` from its folder as ``python script argv[1:]``
+    would, with ``__name__`` set to ``"__main__"``."""
+    script = Path(argv[0])
+    os.chdir(script.parent)
+    sys.argv = [str(script), *argv[1:]]
+    sys.path[0] = str(script.parent)
+    runpy.run_path(str(script), run_name="__main__")

@@ -1,18 +1,53 @@
 """The benchmarks stay runnable: the planning, packing, token-batch, step-record and peers benchmarks run
-at a small size and print every target row and path."""
+at a small size and print every target row and path.
+
+Each runs as ``python benchmarks/<name>.py ...`` would, as ``__main__``, in a process forked from
+the test process's forkserver (see ``tests/ranks.py``), which imported torch and pyarrow once."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import runpy
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
+
+from tests.ranks import run_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_planning_benchmark_runs_and_prints_every_target_row() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "planning.py"), "--splits", "2000", "20000"]
-    done = subprocess.run([*command, "--ranks", "4", "32", "--repeats", "1"], capture_output=True, text=True)
+class Done(NamedTuple):
+    """How a benchmark's run ended: its exit code (None: killed at the timeout), what it printed
+    and what it logged."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def run_benchmark(name: str, args: Sequence[str], tmp_path: Path) -> Done:
+    """Run ``benchmarks/<name>.py args`` and return how it ended."""
+    printed = tmp_path / f"{name}.out"
+    ended = run_processes(_benchmark, [[name, str(printed), *args]], [{}], tmp_path, timeout=500)
+    stdout = printed.read_text() if printed.exists() else ""
+    return Done(ended.codes[0], stdout, ended.printed)
+
+
+def _benchmark(argv: Sequence[str]) -> None:
+    """In a forked process: run the benchmark ``argv[0]`` with ``argv[2:]``, its prints into the
+    file ``argv[1]`` (apart from what it logs, so that no warning splits a table's line)."""
+    name, printed, *args = argv
+    script = ROOT / "benchmarks" / f"{name}.py"
+    sys.argv = [str(script), *args]
+    sys.path[0] = str(script.parent)
+    with open(printed, "w") as out, contextlib.redirect_stdout(out):
+        runpy.run_path(str(script), run_name="__main__")
+
+
+def test_the_planning_benchmark_runs_and_prints_every_target_row(tmp_path: Path) -> None:
+    done = run_benchmark("planning", ["--splits", "2000", "20000", "--ranks", "4", "32", "--repeats", "1"], tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line.endswith(" |")]
     targets = [row for row in rows if row.endswith(("| yes |", "| NO |"))]
@@ -21,9 +56,8 @@ def test_the_planning_benchmark_runs_and_prints_every_target_row() -> None:
     assert len(targets) == 18
 
 
-def test_the_packing_benchmark_runs_and_prints_every_path() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "packing.py"), "--tokens", "200000", "--split-rows", "50"]
-    done = subprocess.run([*command, "--repeats", "1"], capture_output=True, text=True)
+def test_the_packing_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
+    done = run_benchmark("packing", ["--tokens", "200000", "--split-rows", "50", "--repeats", "1"], tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
     # LitData's own row appears only where litdata imports, which the project does not install.
@@ -37,9 +71,8 @@ def test_the_packing_benchmark_runs_and_prints_every_path() -> None:
     assert "target PackedDataset >= 0.7x the raw scan" in done.stdout
 
 
-def test_the_token_batches_benchmark_runs_and_prints_every_path() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "token_batches.py"), "--tokens", "200000"]
-    done = subprocess.run([*command, "--split-rows", "100", "--repeats", "1"], capture_output=True, text=True)
+def test_the_token_batches_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
+    done = run_benchmark("token_batches", ["--tokens", "200000", "--split-rows", "100", "--repeats", "1"], tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
     assert [row.split(" (")[0] for row in rows] == [
@@ -53,9 +86,8 @@ def test_the_token_batches_benchmark_runs_and_prints_every_path() -> None:
     assert "target TokenBatchDataset padded share < 0.10" in done.stdout
 
 
-def test_the_step_record_benchmark_runs_and_prints_every_path() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "step_record.py"), "--rows", "20000"]
-    done = subprocess.run([*command, "--split-rows", "5000", "--repeats", "1"], capture_output=True, text=True)
+def test_the_step_record_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
+    done = run_benchmark("step_record", ["--rows", "20000", "--split-rows", "5000", "--repeats", "1"], tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
     assert rows == [
@@ -67,11 +99,12 @@ def test_the_step_record_benchmark_runs_and_prints_every_path() -> None:
     assert "target a record adds <= 0.2 ms a step" in done.stdout
 
 
-def test_the_peers_benchmark_runs_and_prints_every_path() -> None:
+def test_the_peers_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
     # Every peer skipped: they may be installed here (scripts/install-peers.sh), and their
     # conversions and starts take a minute; this project's paths and the raw pyarrow one still run.
-    command = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--rows", "4000", "--repeats", "1"]
-    done = subprocess.run([*command, "--skip", "lance", "litdata", "streaming", "ray"], capture_output=True, text=True)
+    done = run_benchmark(
+        "peers", ["--rows", "4000", "--repeats", "1", "--skip", "lance", "litdata", "streaming", "ray"], tmp_path
+    )
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")]
     paths = {cells[0].removeprefix("| "): cells[3] for cells in rows if len(cells) == 6}

@@ -14,20 +14,21 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, Split, TableDataset, TableSpec, stripe, to_torch
 from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.sources import open_source
+from tests.examples import examples
 from tests.lightning_job import reversed_on_odd_epochs
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
 split_sizes = st.lists(st.integers(0, 9000), min_size=1, max_size=5)
 batch_sizes = st.one_of(st.none(), st.integers(1, 3000))
-examples = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @contextmanager
@@ -67,7 +68,7 @@ def test_stripe_gives_every_split_to_one_consumer_and_ranks_ignore_workers(
     assert sorted(owners) == [split.id for split in plan]
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),
@@ -98,7 +99,7 @@ def test_consumers_read_every_row_once(
         assert len(delivered) == len(set(delivered))
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),
@@ -134,7 +135,7 @@ def test_resuming_from_any_frame_continues_exactly(
                 assert whole[:cut] + [frame.rows().column("id").to_pylist() for frame, _ in rest] == whole
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -24,9 +24,10 @@ from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.frames import read_frames, start_of
+from tests.examples import examples
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
-examples = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @contextmanager
@@ -67,7 +68,7 @@ def consume(dataset: TableDataset, shard: Shard, frames: int | None) -> tuple[li
     return rows, state.to_dict()
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=st.lists(st.integers(0, 6000), min_size=1, max_size=5),
     seed=st.integers(0, 50),
@@ -115,7 +116,7 @@ def test_a_saved_epoch_continues_under_any_topology_and_batch_size_exactly_once(
         assert sorted(delivered) == (kept_ids(sizes, seed) if filtered else list(range(sum(sizes))))
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=st.lists(st.integers(0, 4000), min_size=1, max_size=5),
     seed=st.integers(0, 50),

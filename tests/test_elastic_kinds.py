@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
@@ -43,6 +43,7 @@ from spiral_lightning.planning.lineage import Lineage
 from spiral_lightning.planning.policies import policy_name, window_key
 from spiral_lightning.reading.frames import cut, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
+from tests.examples import examples
 from tests.lightning_job import Recorder
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout, write_uneven
 from tests.test_datamodule import checkpoints, ids_in, trainer
@@ -51,7 +52,7 @@ from tests.test_mixture import layouts as mixture_layouts
 from tests.test_mixture import tables as mixture_tables
 from tests.test_windows import episode_table, episodes, reference, split_sizes, window_ids, window_settings
 
-examples = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Saved and resumed topologies as (ranks, workers): 2 -> 1 and 2 -> 3 ranks, 2 -> 3 workers.
 SAVED = [(2, 1), (2, 2), (1, 2)]
 RESUMED = [(1, 1), (3, 1), (1, 3), (2, 3)]
@@ -98,7 +99,7 @@ def consume_shuffled(dataset: TableDataset, shard: Shard, frames: int | None) ->
     return rows, state.to_dict()
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
     seed=st.integers(0, 50),
@@ -200,7 +201,7 @@ def test_a_filtered_window_saved_inside_refuses_and_a_window_start_re_plans(
     assert sorted(first + rest) == sorted(whole)
 
 
-@examples
+@EXAMPLES
 @given(
     rows=st.integers(0, 400),
     seed=st.integers(0, 9),
@@ -330,7 +331,7 @@ def consume_windows(
     return found, state
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),
@@ -461,7 +462,7 @@ def check_mixed(delivered: list[Mixed], expected: list[list[int]], stop: str) ->
             assert sorted(rows.get((table, 0), [])) == every, f"pass 0 of table {table} is not every row once"
 
 
-@examples
+@EXAMPLES
 @given(
     layout=mixture_layouts,
     stop=st.sampled_from(STOP_MODES),

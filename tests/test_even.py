@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Shard, Split, State, TableDataset, TableSpec, WorkItem, balanced, stripe
 from spiral_lightning.sources import Source
+from tests.examples import examples
 from tests.tables import KEEP, kept_ids
 
 plans = st.lists(st.integers(0, 60), max_size=12).map(
@@ -25,7 +26,7 @@ def rows_of(plan: list[Split], shard: Shard) -> list[tuple[int, int]]:
     return [(item.split, row) for item in balanced(plan, shard) for row in range(item.start, item.end)]
 
 
-@settings(max_examples=200, deadline=None)
+@examples(200, deadline=None)
 @given(plan=plans, world_size=st.integers(1, 4), workers=st.integers(1, 4), epoch=st.integers(0, 3))
 def test_balanced_gives_every_stored_row_once_in_equal_shares(
     plan: list[Split], world_size: int, workers: int, epoch: int
@@ -42,7 +43,7 @@ def test_balanced_gives_every_stored_row_once_in_equal_shares(
     assert balanced(plan, rank_zero, epoch) == balanced(plan, rank_zero, 0)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100, deadline=None)
 @given(plan=plans, world_size=st.integers(1, 4), workers=st.integers(1, 4))
 def test_balanced_rank_share_does_not_depend_on_workers(plan: list[Split], world_size: int, workers: int) -> None:
     for rank in range(world_size):

@@ -15,19 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, example, given
 from hypothesis import strategies as st
 
 from spiral_lightning import TableDataset, TableSpec, balanced
 from spiral_lightning.core.filters import parse
 from spiral_lightning.core.state import State
 from spiral_lightning.lightning.cli import main
+from tests.examples import examples
 from tests.tables import write_layout
 from tests.test_cli import config
 
 #: The errors bad input may raise.
 CLEAN = (ValueError, TypeError, KeyError)
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = examples(150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 #: Any JSON-like value, as a corrupted or hand-written state might hold.
 values = st.recursive(
@@ -216,7 +217,7 @@ def data_arguments() -> set[str]:
 
 
 @given(st.from_regex(r"[a-z][a-z_]{2,14}", fullmatch=True))
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@examples(8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_an_unknown_data_key_in_the_yaml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
     assume(key not in data_arguments())
     experiment = config(tmp_path, tmp_path / "demo", f"    {key}: 1\n")

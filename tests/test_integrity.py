@@ -14,19 +14,20 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from spiral_lightning import Mixture, PackedDataset, SpiralDataModule, TableDataset, TableSpec, WindowDataset, Windows
 from spiral_lightning.core.integrity import DIGEST, digest_of, sealed
 from spiral_lightning.demos.data import corpus_tables
+from tests.examples import examples
 from tests.tables import write_layout
 
 #: Three splits; after three batches of 50 the cursor is (0, 0, 150): item 0 is split 0, rows 0..300.
 SIZES = [300, 200, 500]
 ROWS = sum(SIZES)
 DAMAGED = "was edited or damaged"
-examples = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +168,7 @@ def refused_or_exact(load: Callable[[], list[int]], expected: list[int]) -> None
     assert rows == expected
 
 
-@examples
+@EXAMPLES
 @given(data=st.data())
 def test_a_random_field_changed_is_refused_or_resumes_exactly(
     spec: TableSpec, saved: tuple[list[int], dict[str, Any]], data: st.DataObject
@@ -184,7 +185,7 @@ def test_a_random_field_changed_is_refused_or_resumes_exactly(
     refused_or_exact(load, list(range(ROWS))[len(before) :])
 
 
-@examples
+@EXAMPLES
 @given(data=st.data())
 def test_a_random_byte_flipped_in_a_saved_state_is_refused_or_resumes_exactly(
     spec: TableSpec, saved: tuple[list[int], dict[str, Any]], data: st.DataObject

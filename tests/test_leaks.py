@@ -5,15 +5,14 @@ first (the forkserver and its resource tracker start once and stay, by design)."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.ranks import run_processes, run_script
 
-#: Run in a fresh process, so no other test's threads or sockets move the counts.
+#: Run in a process of its own (forked from the forkserver, see ``tests/ranks.py``), so no other
+#: test's threads or sockets move the counts.
 SCRIPT = """
 import gc, json, os, sys
 import lightning.pytorch as pl
@@ -60,7 +59,8 @@ if __name__ == "__main__":
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[counting])
     trainer.fit(DemoModel(), datamodule=data)
-    print(json.dumps({"loaders": loaders, "epochs": counting.seen}))
+    with open(sys.argv[2], "w") as out:
+        json.dump({"loaders": loaders, "epochs": counting.seen}, out)
 """
 
 
@@ -68,11 +68,10 @@ if __name__ == "__main__":
 def test_loaders_and_reloaded_epochs_leave_no_descriptor_or_process_behind(tmp_path: Path) -> None:
     script = tmp_path / "leaks.py"
     script.write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = tmp_path / "counts.json"
+    codes, printed, _ = run_processes(run_script, [[str(script), str(tmp_path), str(counts)]], [{}], tmp_path, 300)
+    assert codes == [0], printed[-3000:]
+    found = json.loads(counts.read_text())
     loaders, epochs = found["loaders"], found["epochs"]
     assert len(loaders) == 10 and len(epochs) == 4
     # The first loader starts the forkserver; after it nothing accumulates.

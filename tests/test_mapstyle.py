@@ -20,13 +20,14 @@ import pyarrow as pa
 import pytest
 import torch
 from grain._src.python.dataset.base import SupportsBatchedReadRandomAccessDataSource
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, RandomSampler
 
 from spiral_lightning import TableMapDataset, TableSpec, WorkItem
 from spiral_lightning.sources import Take, open_source
 from tests import map_ddp_job
+from tests.examples import examples
 from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
@@ -139,7 +140,7 @@ def test_indices_outside_the_rows_raise_naming_the_length(make_table: MakeTable,
         empty[0]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=5),
     seed=st.integers(0, 50),

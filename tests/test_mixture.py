@@ -17,16 +17,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import Mixture, TableDataset, TableSpec
 from spiral_lightning.datasets.mixture import STOP_MODES, Stop, pass_epoch
+from tests.examples import examples
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, write_layout
 
-examples = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 layouts = st.lists(
     st.tuples(
         st.lists(st.integers(0, 300), min_size=1, max_size=3),
@@ -72,7 +73,7 @@ def one_pass(spec: TableSpec, batch_size: int, rank: int, world_size: int) -> li
     return [row for batch in dataset for row in batch["id"].tolist()]
 
 
-@examples
+@EXAMPLES
 @given(
     layout=layouts,
     stop=st.sampled_from(STOP_MODES),

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -29,11 +29,12 @@ from spiral_lightning.reading.packing import PIECE_TOKENS, PackPosition, read_bl
 from spiral_lightning.sources import open_source
 from tests import count_ddp_job
 from tests.count_ddp_job import PACKED_LENGTH
+from tests.examples import examples
 from tests.loaders import stopped_and_resumed
 from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, write_uneven, write_uneven_parquet
 
-examples = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SEPARATOR = -1
 POLICIES = {"stripe": stripe, "balanced": balanced}
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +104,7 @@ def consumer_docs(spec: TableSpec, items: Any, lengths: Sequence[int]) -> list[l
     return [every[i] for i in rows]
 
 
-@examples
+@EXAMPLES
 @given(
     layout=layouts(),
     backend=st.sampled_from(BACKENDS),
@@ -162,7 +163,7 @@ def test_every_token_once_in_order_over_ranks_workers_lengths_and_layouts(
         assert real == sorted(token for doc in kept for token in doc)
 
 
-@examples
+@EXAMPLES
 @given(
     layout=layouts(),
     backend=st.sampled_from(BACKENDS),

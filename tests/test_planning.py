@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from spiral_lightning import Shard, Shuffled, Split, TableDataset, TableSpec, WorkItem, balanced, stripe
@@ -24,6 +24,7 @@ from spiral_lightning.planning.policies import shuffled_blocks
 from spiral_lightning.reading.frames import Last
 from tests import count_ddp_job
 from tests.count_ddp_job import CountingSource
+from tests.examples import examples
 from tests.ranks import rank_jobs
 from tests.tables import BACKENDS, KEEP_TEXT
 
@@ -106,7 +107,7 @@ def weight(item: WorkItem) -> int:
     return (item.end - item.start) // 2 + item.split % 3
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100, deadline=None)
 @given(**topology)
 def test_every_consumer_at_once_is_each_consumer_in_turn(
     plan: list[Split], world_size: int, workers: int, epoch: int, seed: int, block_rows: int
@@ -147,7 +148,7 @@ class Dealt(Shuffled):
     """A subclass may deal otherwise, so it is planned one consumer at a time."""
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30, deadline=None)
 @given(plan=plans(), world_size=st.integers(1, 5), workers=st.integers(1, 4), epoch=st.integers(0, 3))
 def test_other_policies_are_planned_one_consumer_at_a_time(
     plan: list[Split], world_size: int, workers: int, epoch: int
@@ -161,7 +162,7 @@ def test_other_policies_are_planned_one_consumer_at_a_time(
             units(policy, Plan(plan), world_size, workers)
 
 
-@settings(max_examples=200, deadline=None)
+@examples(200, deadline=None)
 @given(blocks=st.integers(0, 5000), seed=st.integers(0, 2**32), epoch=st.integers(0, 100))
 def test_the_block_order_is_a_bijection_with_its_inverse(blocks: int, seed: int, epoch: int) -> None:
     positions = np.arange(blocks)
@@ -192,7 +193,7 @@ def test_planning_at_once_refuses_a_topology_with_no_consumer() -> None:
         plan_all(balanced, plan, 1, 0)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60, deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -218,7 +219,7 @@ def test_a_plan_is_the_splits_it_was_made_from(
     assert list(rebuilt) == [split._replace(rows=None) for split in made]
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60, deadline=None)
 @given(st.lists(st.lists(st.integers(-(2**62), 2**62), max_size=30), min_size=1, max_size=4), st.booleans())
 def test_distinct_is_numpys_unique(arrays: list[list[int]], presorted: bool) -> None:
     columns = [np.array(sorted(values) if presorted else values, dtype=np.int64) for values in arrays]

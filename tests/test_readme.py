@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-import runpy
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.objectstore import S3Server
-from tests.ranks import run_processes
+from tests.ranks import run_processes, run_script
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 DOCS = README.parent / "docs"
@@ -97,13 +95,3 @@ def test_a_readme_block_runs_as_a_script(
     else:
         codes, printed, _ = run_processes(run_script, [[str(script)]], [environment], tmp_path, timeout=500)
     assert codes == [0], f"the block under {heading!r} failed:\n{printed[-5000:]}"
-
-
-def run_script(argv: Sequence[str]) -> None:
-    """In a forked process: run the script ``argv[0]`` from its folder as ``python script``
-    would, with ``__name__`` set to ``"__main__"``."""
-    script = Path(argv[0])
-    os.chdir(script.parent)
-    sys.argv = [str(script)]
-    sys.path[0] = str(script.parent)
-    runpy.run_path(str(script), run_name="__main__")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from spiral_lightning import Mixture, PackedDataset, Shuffled, SpiralDataModule, TableDataset, TableSpec, balanced
@@ -21,6 +21,7 @@ from spiral_lightning.demos.data import demo_image_folder
 from spiral_lightning.media.ingest import ingest_images
 from spiral_lightning.planning.policies import shuffle_for
 from spiral_lightning.sources.write import write_table
+from tests.examples import examples
 
 
 def ids(batches: Any, column: str = "id") -> list[int]:
@@ -95,7 +96,7 @@ def test_shuffle_sizes_blocks_and_windows_from_the_table() -> None:
     assert shuffle_for(0) == Shuffled(0, block_rows=1, buffer_rows=0)
 
 
-@settings(max_examples=50, deadline=None)
+@examples(50, deadline=None)
 @given(rows=st.integers(0, 10**9), media=st.booleans())
 def test_a_shuffle_window_holds_at_least_eight_blocks_of_at_most_8192_rows(rows: int, media: bool) -> None:
     policy = shuffle_for(rows, media=media)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -22,9 +22,10 @@ from spiral_lightning.core.state import Cursor
 from spiral_lightning.reading.frames import cut, read_frames, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
 from spiral_lightning.sources import open_source
+from tests.examples import examples
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_layout
 
-examples = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 policies = st.builds(
     Shuffled, seed=st.integers(0, 5), block_rows=st.integers(1, 1000), buffer_rows=st.sampled_from([0, 1, 7, 300, 1500])
 )
@@ -54,7 +55,7 @@ def consumer_ids(
     return [frame.rows().column("id").to_pylist() for frame, _ in frames]
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
     seed=st.integers(0, 50),
@@ -109,7 +110,7 @@ def test_orders_are_mixed_differ_by_epoch_and_repeat_by_seed(make_table: Callabl
         assert abs(correlation) < 0.2, correlation
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
     seed=st.integers(0, 50),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -24,12 +24,13 @@ from spiral_lightning.datasets.windows import WindowPosition, read_windows
 from spiral_lightning.reading.frames import start_of
 from spiral_lightning.reading.windows import count_windows
 from spiral_lightning.sources import open_source
+from tests.examples import examples
 from tests.loaders import stopped_and_resumed
 from tests.tables import BACKENDS, KEEP_TEXT, THRESHOLD, write_uneven, write_uneven_parquet
 
 split_sizes = st.lists(st.integers(0, 400), min_size=1, max_size=4)
 window_settings = st.builds(Windows, st.integers(1, 6), st.integers(1, 7), st.sampled_from([None, "episode"]))
-examples = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = examples(40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def episode_table(split_sizes: list[int], seed: int) -> pa.Table:
@@ -89,7 +90,7 @@ def window_ids(batch: pa.RecordBatch, size: int) -> list[tuple[int, ...]]:
     return [tuple(ids[start : start + size]) for start in range(0, len(ids), size)]
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),
@@ -129,7 +130,7 @@ def test_consumers_window_every_run_exactly_once_as_the_reference_does(
         assert sorted(found) == sorted(reference(data, sizes, windows, filtered))
 
 
-@examples
+@EXAMPLES
 @given(
     sizes=split_sizes,
     seed=st.integers(0, 100),
