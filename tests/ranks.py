@@ -5,6 +5,13 @@ A fresh interpreter spends 3 s of CPU importing torch and 8 s importing Lightnin
 per phase of a job; the forkserver imported both once (``warm_forkserver`` in conftest), so a
 rank forked from it starts in milliseconds. Each rank is still a process of its own that meets
 the others in a real gloo group and starts DataLoader workers of its own.
+
+A rank would also start a forkserver of its own for those workers, a fresh interpreter that
+imports torch, pyarrow and the reader again (3-4 s of CPU, per rank and phase: most of a short DDP
+test). So a rank asks the test process's forkserver for its workers instead (``_share_server``).
+The workers are then that server's children rather than a server of the rank's: a job that checks
+what a process leaves behind (``own_group``, ``own_server``) keeps its own, and so does one whose
+environment adds more than torchrun's variables, which a shared server's workers would not see.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,6 +40,11 @@ class Ended(NamedTuple):
     codes: list[int | None]
     printed: str
     pids: list[int]
+
+
+#: The variables ``torchrun`` sets, which no DataLoader worker reads: a process whose environment
+#: adds only these may share the test process's forkserver.
+TORCHRUN_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 
 def torchrun(job: Job, argv: Sequence[str], world_size: int, out: Path, timeout: float = 300) -> str:
@@ -87,17 +100,33 @@ def run_processes(
     out: Path,
     timeout: float,
     own_group: bool = False,
+    own_server: bool = False,
 ) -> Ended:
     """Run ``job(argv)`` for each of ``argvs`` at once, each in a process forked from the
     forkserver with its environment variables added, and wait for all, killing those that
     outlive ``timeout``. Each process prints into a log under ``out``. With ``own_group`` each
     process leads a process group of its own (the group's id is its pid), as a job started in a
-    new session does, so that what it leaves behind can be found."""
+    new session does, so that what it leaves behind can be found. With ``own_server`` (implied by
+    ``own_group``) a process starts a forkserver of its own for its workers, as a script does."""
     context = multiprocessing.get_context("forkserver")
+    forkserver.ensure_running()
+    # The address of this process's server, which a forked process cannot learn from its own state.
+    address = forkserver._forkserver._forkserver_address  # type: ignore[attr-defined]
     logs = Path(tempfile.mkdtemp(prefix="logs-", dir=out))
     paths = [logs / f"process{index}.log" for index in range(len(argvs))]
+    shared = None if own_group or own_server else address
     processes = [
-        context.Process(target=_start, args=(job, list(argv), dict(environment), str(path), own_group))
+        context.Process(
+            target=_start,
+            args=(
+                job,
+                list(argv),
+                dict(environment),
+                str(path),
+                own_group,
+                shared if set(environment) <= TORCHRUN_VARIABLES else None,
+            ),
+        )
         for argv, environment, path in zip(argvs, environments, paths, strict=True)
     ]
     for process in processes:
@@ -114,10 +143,15 @@ def run_processes(
     return Ended(codes, printed, [process.pid for process in processes if process.pid is not None])
 
 
-def _start(job: Job, argv: list[str], environment: dict[str, str], log: str, own_group: bool) -> None:
-    """In the forked process: take the environment, print into ``log``, run the job."""
+def _start(
+    job: Job, argv: list[str], environment: dict[str, str], log: str, own_group: bool, server: str | None
+) -> None:
+    """In the forked process: take the environment, print into ``log``, start workers from the
+    forkserver at ``server`` (if any), run the job."""
     if own_group:
         os.setsid()
+    if server:
+        _share_server(server)
     os.environ.update(environment)
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 1)
@@ -134,3 +168,13 @@ def run_script(argv: Sequence[str]) -> None:
     sys.argv = [str(script), *argv[1:]]
     sys.path[0] = str(script.parent)
     runpy.run_path(str(script), run_name="__main__")
+
+
+def _share_server(address: str) -> None:
+    """In a process the forkserver at ``address`` forked: start this process's forkserver
+    children from that server rather than from a new one. The server handed this process its
+    keep-alive descriptor and the resource tracker's when it forked it; only the address is
+    missing, and ``ensure_running`` must not look for a server this process started."""
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    server._forkserver_address = address
+    server.ensure_running = resource_tracker.ensure_running

@@ -69,7 +69,9 @@ def test_loaders_and_reloaded_epochs_leave_no_descriptor_or_process_behind(tmp_p
     script = tmp_path / "leaks.py"
     script.write_text(SCRIPT)
     counts = tmp_path / "counts.json"
-    codes, printed, _ = run_processes(run_script, [[str(script), str(tmp_path), str(counts)]], [{}], tmp_path, 300)
+    # A server of its own, so that its workers are its children, counted.
+    argv = [str(script), str(tmp_path), str(counts)]
+    codes, printed, _ = run_processes(run_script, [argv], [{}], tmp_path, 300, own_server=True)
     assert codes == [0], printed[-3000:]
     found = json.loads(counts.read_text())
     loaders, epochs = found["loaders"], found["epochs"]
