@@ -25,6 +25,12 @@ settings.register_profile("ci", derandomize=True, deadline=None, max_examples=35
 settings.register_profile("full", derandomize=False, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Ray runs its workers at niceness 15, so on a busy 2-core machine they wait behind every other
+# test's processes: a TorchTrainer run that takes a minute alone took four in the parallel suite,
+# and ten beside two busy loops. The suite's Rays (the fixture's, the CLI's, the README's) run
+# them as every other process runs.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 # A worker imports the test module that defines what its dataset pickles by reference (a collate,
 # a policy), and the test modules import Lightning: a server that imported it once saves each
 # worker seconds.
