@@ -7,13 +7,11 @@ the test process's forkserver (see ``tests/ranks.py``), which imported torch and
 from __future__ import annotations
 
 import contextlib
-import runpy
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.ranks import run_processes
+from tests.ranks import run_processes, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,11 +37,8 @@ def _benchmark(argv: Sequence[str]) -> None:
     """In a forked process: run the benchmark ``argv[0]`` with ``argv[2:]``, its prints into the
     file ``argv[1]`` (apart from what it logs, so that no warning splits a table's line)."""
     name, printed, *args = argv
-    script = ROOT / "benchmarks" / f"{name}.py"
-    sys.argv = [str(script), *args]
-    sys.path[0] = str(script.parent)
     with open(printed, "w") as out, contextlib.redirect_stdout(out):
-        runpy.run_path(str(script), run_name="__main__")
+        run_script([str(ROOT / "benchmarks" / f"{name}.py"), *args])
 
 
 def test_the_planning_benchmark_runs_and_prints_every_target_row(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ own, as a new user would paste it: the docs cannot drift from the code.
 A block runs as ``__main__`` in a process forked from the test process's forkserver, a clean
 interpreter that imported torch, pyarrow and Lightning once (``warm_forkserver`` in conftest),
 so a block does not spend seconds of CPU importing them again; its DataLoader workers come from
-that server too (see ``tests/ranks.py``), and DDP ranks start as they would from a script. A block that starts Ray runs in a fresh
-interpreter: Ray's driver keeps threads and sockets a fork would share."""
+that server too (see ``tests/ranks.py``), and DDP ranks start as they would from a script. A
+block that starts Ray runs in a fresh interpreter: Ray's driver keeps threads and sockets a fork
+would share."""
 
 from __future__ import annotations
 
