@@ -21,7 +21,7 @@ from spiral_lightning import Shard, Shuffled, TableDataset, TableSpec, balanced,
 from spiral_lightning.core.plan import fingerprint
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.lightning.loader import consumer_states
-from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.frames import read_frames, start_of
 from tests.examples import examples
@@ -63,7 +63,7 @@ def consume(dataset: TableDataset, shard: Shard, frames: int | None) -> tuple[li
         policy_name(dataset.policy),
         work,
         cursor,
-        remainder=None if lineage is None else Lineage.from_dict(lineage).digest,
+        remainder=None if lineage is None else RowLineage.from_dict(lineage).digest,
     )
     return rows, state.to_dict()
 
@@ -170,7 +170,7 @@ def test_a_re_planned_epoch_needs_its_lineage_to_continue(make_table: Callable[.
     lineage = replanned.lineage()
     assert lineage is not None and len(lineage["links"]) == 1
     _, state = consume(replanned, Shard(), 1)
-    assert state["remainder"] == Lineage.from_dict(lineage).digest
+    assert state["remainder"] == RowLineage.from_dict(lineage).digest
     with pytest.raises(ValueError, match=r"re-planned before \(lineage [0-9a-f]{16}\); pass the lineage"):
         TableDataset(spec, batch_size=100, rank=0, world_size=2).load_elastic([state])
     with pytest.raises(ValueError, match="which this dataset has not re-planned"):

@@ -39,7 +39,7 @@ from spiral_lightning.datasets.mixture import STOP_MODES, Stop
 from spiral_lightning.datasets.windows import WindowPosition, read_windows
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
-from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.policies import policy_name, window_key
 from spiral_lightning.reading.frames import cut, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
@@ -94,7 +94,7 @@ def consume_shuffled(dataset: TableDataset, shard: Shard, frames: int | None) ->
         policy_name(policy),
         fingerprint(items),
         cursor,
-        remainder=None if lineage is None else Lineage.from_dict(lineage).digest,
+        remainder=None if lineage is None else RowLineage.from_dict(lineage).digest,
     )
     return rows, state.to_dict()
 
@@ -320,7 +320,7 @@ def consume_windows(
         policy_name(dataset.table.policy),
         fingerprint(items),
         None if after is None else after.cursor,
-        remainder=None if lineage is None else Lineage.from_dict(lineage).digest,
+        remainder=None if lineage is None else RowLineage.from_dict(lineage).digest,
     )
     state = {
         "format": 1,

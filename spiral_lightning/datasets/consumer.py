@@ -27,7 +27,7 @@ from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_cursor
 from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
-from spiral_lightning.planning.lineage import Lineage, check_lineage
+from spiral_lightning.planning.lineage import RowLineage, check_lineage
 from spiral_lightning.planning.lists import every_shard
 from spiral_lightning.planning.policies import Shuffled, as_policy, balanced, policy_name, shuffle_for
 from spiral_lightning.reading.ahead import ReadAhead, default_read_threads
@@ -128,7 +128,7 @@ class Consumer:
         self._tallies = torch.zeros((1 + TALLY_WORKERS, 2), dtype=torch.int64)
         self._remainder: Plan | None = None
         self._remainder_epoch = 0
-        self._lineage: Lineage | None = None
+        self._lineage: RowLineage | None = None
         self._source: Source | None = None
         self._source_pid: int | None = None
         self._ahead: ReadAhead | None = None
@@ -182,7 +182,7 @@ class Consumer:
     def _check_quota(self, rows: int) -> None:
         """A kind's own refusal of a quota of ``rows`` (a count already); none here."""
 
-    def replan(self, remainder: Plan, epoch: int, lineage: Lineage) -> None:
+    def replan(self, remainder: Plan, epoch: int, lineage: RowLineage) -> None:
         """Read ``remainder`` (a re-planned epoch's undelivered rows) in ``epoch``, shared with
         ``balanced`` cuts, and name it by ``lineage`` in states."""
         self._remainder = remainder
@@ -349,7 +349,7 @@ class Consumer:
         consumers of its last re-plan do, so that their states, which name it, restore with
         ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
         re-plan again resumes so)."""
-        found = Lineage.from_dict(lineage)
+        found = RowLineage.from_dict(lineage)
         if found.version != self.spec.version:
             raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
         self.replan(remainder_of(self.source(), self.policy, found).plan, found.epoch, found)

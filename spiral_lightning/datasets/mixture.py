@@ -30,7 +30,7 @@ from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
-from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.mixing import count_batches, next_table, phases_of
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.tensors import to_torch
@@ -303,7 +303,7 @@ class Mixture(IterableDataset[Any]):
             state.check_matches(current, ("seed", "stop"))
         tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
         passes, start = table_passes(saved, lineage, tables)
-        lineages: list[Lineage] = []
+        lineages: list[RowLineage] = []
         for index, (table, found) in enumerate(zip(self.tables, passes, strict=True)):
             try:
                 table.load_elastic(found.states, found.lineage, finished=found.finished)
@@ -311,7 +311,7 @@ class Mixture(IterableDataset[Any]):
                 raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
             made = table.lineage()
             if made is not None:
-                lineages.append(Lineage.from_dict(made))
+                lineages.append(RowLineage.from_dict(made))
         self._start = start
         self._begun = None
         self._lineage = MixtureLineage(start, tuple(lineages))

@@ -22,7 +22,7 @@ from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Cons
 from spiral_lightning.datasets.job import grouped
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
 from spiral_lightning.planning.elastic import replan
-from spiral_lightning.planning.lineage import Lineage
+from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
 from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, window_key
 from spiral_lightning.reading.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
@@ -188,7 +188,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         saved = [State.from_dict(state) for state in states]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
-        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        earlier = None if lineage is None else RowLineage.from_dict(lineage)
         found, remainder = replan(
             self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
         )

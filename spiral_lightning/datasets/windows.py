@@ -29,7 +29,7 @@ from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic import replan, share_of
-from spiral_lightning.planning.lineage import Lineage, Remainder, check_lineage
+from spiral_lightning.planning.lineage import Remainder, RowLineage, check_lineage
 from spiral_lightning.planning.policies import policy_name, stripe
 from spiral_lightning.reading.frames import LAST_MODES, Last, start_of
 from spiral_lightning.reading.tensors import Nulls, to_torch
@@ -110,7 +110,7 @@ class WindowDataset(IterableDataset[Any]):
         self._resume: tuple[State, int] | None = None
         self._remainder: Remainder | None = None
         self._remainder_epoch = 0
-        self._lineage: Lineage | None = None
+        self._lineage: RowLineage | None = None
 
     @property
     def epoch(self) -> int:
@@ -177,7 +177,7 @@ class WindowDataset(IterableDataset[Any]):
         version = self.table.spec.version
         if saved and saved[0].version != version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {version}")
-        earlier = None if lineage is None else Lineage.from_dict(lineage)
+        earlier = None if lineage is None else RowLineage.from_dict(lineage)
         found, remainder = replan(
             self.table.source(),
             self.table.policy,

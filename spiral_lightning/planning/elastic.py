@@ -33,7 +33,7 @@ import numpy as np
 
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, fingerprint
 from spiral_lightning.core.state import State
-from spiral_lightning.planning.lineage import Lineage, Link, Remainder
+from spiral_lightning.planning.lineage import Link, Remainder, RowLineage
 from spiral_lightning.planning.lists import Pieces, dealt, distinct, plan_all
 from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, stripe, window_key, window_order
 
@@ -57,13 +57,13 @@ def replan(
     source: Counted,
     policy: Policy,
     states: Sequence[State],
-    earlier: Lineage | None,
+    earlier: RowLineage | None,
     *,
     filtered: bool,
     share: Policy = balanced,
     leads: Sequence[int] | None = None,
     finished: Collection[Shard] = (),
-) -> tuple[Lineage, Remainder]:
+) -> tuple[RowLineage, Remainder]:
     """The lineage of the epoch ``states`` were saved in, now re-planned, and its remainder.
 
     ``states`` holds every consumer of one topology; when they continue an epoch re-planned
@@ -97,11 +97,11 @@ def replan(
     remainder, current = _walk(source, policy, first.epoch, links, share)
     grouped, lead = _grouped(current, remainder, world_size, workers, first.epoch)
     link = _link(source, grouped, lead, states, world_size, workers, filtered=filtered, leads=leads, finished=finished)
-    lineage = Lineage(first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share))
+    lineage = RowLineage(first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share))
     return lineage, _undelivered(grouped, lead, link, policy, first.epoch)
 
 
-def remainder_of(source: Counted, policy: Policy, lineage: Lineage, share: Policy = balanced) -> Remainder:
+def remainder_of(source: Counted, policy: Policy, lineage: RowLineage, share: Policy = balanced) -> Remainder:
     """The remainder ``lineage`` describes: what the consumers of its last re-plan share with
     ``share``; ``ValueError`` when it was made for another policy or share."""
     if (lineage.policy, lineage.share) != (policy_name(policy), policy_name(share)):

@@ -18,15 +18,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-#: The version of the dictionary ``MapLineage.to_dict`` writes.
-MAP_LINEAGE_FORMAT = 1
+from spiral_lightning.planning.lineage import Lineage
 
 
 class MapLink(NamedTuple):
@@ -45,12 +44,14 @@ def dealt(indices: np.ndarray, world_size: int) -> list[np.ndarray]:
 
 
 @dataclass(frozen=True)
-class MapLineage:
+class MapLineage(Lineage):
     """What makes a re-planned map epoch's remainder again: the sampler's lists of ``rows``
     indices in ``epoch`` with ``seed``, then one ``MapLink`` per re-plan, in order. ``batches``
     counts the batches each rank had delivered in the epoch when the last re-plan began its lists
     (0 with no link), so that a rank's position, which counts the whole epoch, gives what it
     delivered from its list."""
+
+    KIND: ClassVar[str] = "map re-plan"
 
     rows: int
     seed: int
@@ -76,10 +77,13 @@ class MapLineage:
         ``batches`` batches on each rank."""
         return MapLineage(self.rows, self.seed, self.epoch, (*self.links, link), batches)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+    def _digest_parts(self) -> Iterator[bytes]:
+        yield f"{self.rows};{self.seed};{self.epoch};{self.batches}".encode()
+        for link in self.links:
+            yield f";{link.world_size}:{','.join(map(str, link.delivered))}".encode()
+
+    def _fields(self) -> dict[str, Any]:
         return {
-            "format": MAP_LINEAGE_FORMAT,
             "rows": self.rows,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -88,25 +92,19 @@ class MapLineage:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MapLineage:
-        """The lineage ``to_dict`` wrote; ``ValueError`` naming what is wrong otherwise."""
-        if not isinstance(data, Mapping) or data.get("format") != MAP_LINEAGE_FORMAT:
-            raise ValueError(f"not a map re-plan lineage of format {MAP_LINEAGE_FORMAT}: {str(data)[:200]}")
-        try:
-            links = tuple(
-                MapLink(int(link["world_size"]), tuple(int(done) for done in link["delivered"]))
-                for link in data["links"]
-            )
-            lineage = cls(int(data["rows"]), int(data["seed"]), int(data["epoch"]), links, int(data["batches"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"the map re-plan lineage is damaged: {error!r}") from None
-        for link in links:
+    def _parse(cls, data: Mapping[str, Any]) -> Self:
+        links = tuple(
+            MapLink(int(link["world_size"]), tuple(int(done) for done in link["delivered"])) for link in data["links"]
+        )
+        return cls(int(data["rows"]), int(data["seed"]), int(data["epoch"]), links, int(data["batches"]))
+
+    def _check(self) -> None:
+        for link in self.links:
             if link.world_size < 1 or len(link.delivered) != link.world_size or min(link.delivered) < 0:
                 raise ValueError(
                     f"the map re-plan lineage's link of {link.world_size} ranks holds {list(link.delivered)}; "
                     "it was edited or damaged"
                 )
-        return lineage
 
 
 class ReplannedSampler(StatefulDistributedSampler):  # type: ignore[misc]  # torchdata ships no type hints

@@ -17,18 +17,14 @@ each consumer's state names it by digest.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 
 from spiral_lightning.core.mixture_state import MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.core.plan import Shard
 from spiral_lightning.core.state import State
-from spiral_lightning.planning.lineage import Lineage
-
-#: The version of the dictionary ``MixtureLineage.to_dict`` writes.
-MIXTURE_LINEAGE_FORMAT = 1
+from spiral_lightning.planning.lineage import Lineage, RowLineage
 
 
 class MixtureStart(NamedTuple):
@@ -50,24 +46,21 @@ class MixtureStart(NamedTuple):
 
 
 @dataclass(frozen=True)
-class MixtureLineage:
-    """What makes the remainders of a re-planned mixture epoch again: each table's ``Lineage``
-    of the pass the re-plan shared, and ``start``, where the re-plan's consumers began."""
+class MixtureLineage(Lineage):
+    """What makes the remainders of a re-planned mixture epoch again: each table's lineage of
+    the pass the re-plan shared, and ``start``, where the re-plan's consumers began."""
+
+    KIND: ClassVar[str] = "Mixture re-plan"
 
     start: MixtureStart
-    tables: tuple[Lineage, ...]
+    tables: tuple[RowLineage, ...]
 
-    @property
-    def digest(self) -> str:
-        """A short digest of the start and every table's lineage, which consumer states name it by."""
+    def _digest_parts(self) -> Iterator[bytes]:
         start = ",".join(str(value) for value in (self.start.epoch, *self.start.passes, *self.start.rows))
-        text = ";".join([start, *(table.digest for table in self.tables)])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        yield ";".join([start, *(table.digest for table in self.tables)]).encode()
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+    def _fields(self) -> dict[str, Any]:
         return {
-            "format": MIXTURE_LINEAGE_FORMAT,
             "epoch": self.start.epoch,
             "passes": list(self.start.passes),
             "rows": list(self.start.rows),
@@ -75,17 +68,18 @@ class MixtureLineage:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MixtureLineage:
-        """The lineage ``to_dict`` wrote; ``ValueError`` when ``data`` is not one."""
-        if not isinstance(data, Mapping) or data.get("format") != MIXTURE_LINEAGE_FORMAT:
-            raise ValueError(f"not a Mixture re-plan lineage of format {MIXTURE_LINEAGE_FORMAT}: {str(data)[:200]}")
-        try:
-            start = MixtureStart(
-                int(data["epoch"]), tuple(int(v) for v in data["passes"]), tuple(int(v) for v in data["rows"])
+    def _parse(cls, data: Mapping[str, Any]) -> Self:
+        start = MixtureStart(
+            int(data["epoch"]), tuple(int(v) for v in data["passes"]), tuple(int(v) for v in data["rows"])
+        )
+        return cls(start, tuple(RowLineage.from_dict(table) for table in data["tables"]))
+
+    def _check(self) -> None:
+        if len(self.start.passes) != len(self.start.rows) or len(self.tables) > len(self.start.passes):
+            raise ValueError(
+                f"the Mixture re-plan lineage holds {len(self.start.passes)} passes, {len(self.start.rows)} row counts "
+                f"and {len(self.tables)} table lineages; it was edited or damaged"
             )
-            return cls(start, tuple(Lineage.from_dict(table) for table in data["tables"]))
-        except (KeyError, TypeError) as error:
-            raise ValueError(f"the Mixture re-plan lineage is damaged: {error!r}") from None
 
 
 class TablePass(NamedTuple):

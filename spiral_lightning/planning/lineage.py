@@ -1,12 +1,21 @@
-"""Lineages: what makes an elastic remainder again from the plan alone (see
-``spiral_lightning.planning.elastic``), as values with a digest and a plain-dict form."""
+"""Lineages: what makes an elastic remainder again from the plan alone, as values with a
+digest and a plain-dict form.
+
+``Lineage`` is the one type of every re-plan's lineage: it owns the digest a consumer state
+names a lineage by, the dictionary a checkpoint keeps and the check of a dictionary read back.
+A kind of re-plan says only what its lineage holds: ``RowLineage`` (below) for the stored rows
+of ``TableDataset``, ``WindowDataset`` and ``PackedDataset`` (see
+``spiral_lightning.planning.elastic``), ``MixtureLineage`` for a mixture's tables, and
+``MapLineage`` for a sampler's row numbers under ``access="map"``.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 
 import numpy as np
 
@@ -17,8 +26,58 @@ from spiral_lightning.planning.policies import balanced, policy_name
 #: The share of a remainder among consumers that read rows: ``balanced`` cuts.
 BALANCED = policy_name(balanced)
 
-#: The version of the dictionary ``Lineage.to_dict`` writes.
-LINEAGE_FORMAT = 1
+
+class Lineage(ABC):
+    """A re-planned epoch's lineage: what makes its *remainder* (the rows no saved consumer
+    delivered) again from the plan alone, so that the epoch can be saved and re-planned again.
+    Subclasses are frozen dataclasses that say what they hold (``_fields``, ``_parse``,
+    ``_digest_parts``); their dictionaries and digests are pinned: checkpoints keep them."""
+
+    #: The kind's name in errors about its dictionaries.
+    KIND: ClassVar[str]
+    #: The version of the dictionary ``to_dict`` writes.
+    FORMAT: ClassVar[int] = 1
+
+    @abstractmethod
+    def _fields(self) -> dict[str, Any]:
+        """The lineage as plain values, beside the format."""
+
+    @classmethod
+    @abstractmethod
+    def _parse(cls, data: Mapping[str, Any]) -> Self:
+        """The lineage ``_fields`` wrote; ``KeyError``, ``TypeError`` or ``ValueError`` when a field is wrong."""
+
+    @abstractmethod
+    def _digest_parts(self) -> Iterator[bytes]:
+        """What the digest hashes, in order."""
+
+    @abstractmethod
+    def _check(self) -> None:
+        """``ValueError`` when the parsed values cannot belong together (an edited dictionary)."""
+
+    @property
+    def digest(self) -> str:
+        """A short digest of the whole lineage, which consumer states name it by."""
+        digest = hashlib.sha256()
+        for part in self._digest_parts():
+            digest.update(part)
+        return digest.hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+        return {"format": self.FORMAT, **self._fields()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """The lineage ``to_dict`` wrote; ``ValueError`` naming the field when ``data`` is not one."""
+        if not isinstance(data, Mapping) or data.get("format") != cls.FORMAT:
+            raise ValueError(f"not a {cls.KIND} lineage of format {cls.FORMAT}: {str(data)[:200]}")
+        try:
+            lineage = cls._parse(data)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"the {cls.KIND} lineage is damaged: {error!r}") from None
+        lineage._check()
+        return lineage
 
 
 class Link(NamedTuple):
@@ -52,10 +111,12 @@ class Remainder(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Lineage:
-    """What makes an epoch's remainder again from the plan of ``version``: the ``policy`` (by
+class RowLineage(Lineage):
+    """The lineage of a re-plan of stored rows: the plan of ``version`` by the ``policy`` (by
     name) and ``epoch`` of the first lists, one ``Link`` per re-plan since, in order, and the
     ``share`` (by name) each re-plan's consumers cut their remainder with."""
+
+    KIND: ClassVar[str] = "re-plan"
 
     version: str
     policy: str
@@ -63,28 +124,23 @@ class Lineage:
     links: tuple[Link, ...]
     share: str = BALANCED
 
-    @property
-    def digest(self) -> str:
-        """A short digest of the whole lineage, which consumer states name it by."""
-        digest = hashlib.sha256(f"{self.version};{self.policy};{self.epoch}".encode())
+    def _digest_parts(self) -> Iterator[bytes]:
+        yield f"{self.version};{self.policy};{self.epoch}".encode()
         if self.share != BALANCED:
-            digest.update(f";{self.share}".encode())
+            yield f";{self.share}".encode()
         for link in self.links:
-            digest.update(f";{link.world_size}x{link.workers}:".encode())
-            digest.update(link.items.astype("<i8").tobytes())
-            digest.update(link.rows.astype("<i8").tobytes())
+            yield f";{link.world_size}x{link.workers}:".encode()
+            yield link.items.astype("<i8").tobytes()
+            yield link.rows.astype("<i8").tobytes()
             if link.inside_windows:
-                digest.update(link.windows.astype("<i8").tobytes())
-                digest.update(link.taken.astype("<i8").tobytes())
+                yield link.windows.astype("<i8").tobytes()
+                yield link.taken.astype("<i8").tobytes()
             if link.leads.any():
-                digest.update(b";leads")
-                digest.update(link.leads.astype("<i8").tobytes())
-        return digest.hexdigest()[:16]
+                yield b";leads"
+                yield link.leads.astype("<i8").tobytes()
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values only, so a lineage survives ``torch.save`` and JSON alike."""
+    def _fields(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "format": LINEAGE_FORMAT,
             "version": self.version,
             "policy": self.policy,
             "epoch": self.epoch,
@@ -95,17 +151,14 @@ class Lineage:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Lineage:
-        """The lineage ``to_dict`` wrote; ``ValueError`` naming the field when ``data`` is not one."""
-        if not isinstance(data, Mapping) or data.get("format") != LINEAGE_FORMAT:
-            raise ValueError(f"not a re-plan lineage of format {LINEAGE_FORMAT}: {str(data)[:200]}")
-        try:
-            links = tuple(_link_of(link) for link in data["links"])
-            share = str(data.get("share", BALANCED))
-            lineage = cls(str(data["version"]), str(data["policy"]), int(data["epoch"]), links, share)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"the re-plan lineage is damaged: {error!r}") from None
-        for link in links:
+    def _parse(cls, data: Mapping[str, Any]) -> Self:
+        links = tuple(_link_of(link) for link in data["links"])
+        return cls(
+            str(data["version"]), str(data["policy"]), int(data["epoch"]), links, str(data.get("share", BALANCED))
+        )
+
+    def _check(self) -> None:
+        for link in self.links:
             consumers = Shard(0, link.world_size, 0, link.workers).check().world_size * link.workers
             if any(
                 column.shape != (consumers,) for column in (link.items, link.rows, link.windows, link.taken, link.leads)
@@ -114,7 +167,6 @@ class Lineage:
                     f"the re-plan lineage's link of {link.world_size}x{link.workers} consumers holds "
                     f"{link.items.size} and {link.rows.size} positions; it was edited or damaged"
                 )
-        return lineage
 
 
 def _link_dict(link: Link) -> dict[str, Any]:
