@@ -108,3 +108,25 @@ def test_ddp_ranks_take_equal_steps_and_resume_as_one_process(
     assert len(before) == 2 * 6 * 25 and after
     assert len(set(before + after)) == len(before + after), "a row of a table's pass came twice"
     assert {row // TABLE_IDS for row in after} == {0, 1}
+
+
+def test_weight_points_by_step_train_as_the_mixture_schedule_reads_and_resume_mid_epoch(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    specs = [make_table([1500], columns=["id", "x"]), make_table([1500], seed=1, columns=["id", "x"])]
+    # As a config gives them: the first table's share falls from 3:1 to 1:3 at step 12.
+    train = [{"table": specs[0].uri, "weight": [[0, 3.0], [12, 1.0]]}, {"table": specs[1].uri, "weight": 1.0}]
+    schedule = [(0, [3.0, 1.0]), (12, [1.0, 1.0])]
+    mixture = Mixture([(spec, 1.0) for spec in specs], batch_size=25, table_key="table", schedule=schedule)
+    whole = [(batch["id"] + TABLE_IDS * batch["table"]).tolist() for batch in mixture]
+    first = Recorder()
+    run = trainer(tmp_path, max_epochs=1, max_steps=8, callbacks=[checkpoints(tmp_path, 8)])
+    run.fit(first, datamodule=SpiralDataModule(train, batch_size=25, num_workers=0, table_key="table"))  # type: ignore[arg-type]
+    assert [ids for _, _, ids in first.seen] == whole[:8]
+    resumed = Recorder()
+    again = SpiralDataModule(train, batch_size=25, num_workers=0, table_key="table")  # type: ignore[arg-type]
+    trainer(tmp_path, max_epochs=1).fit(resumed, datamodule=again, ckpt_path=tmp_path / "step=8.ckpt")
+    assert [ids for _, _, ids in resumed.seen] == whole[8:]
+    tables = [[row // TABLE_IDS for row in batch] for batch in whole]
+    assert sum(batch.count(0) for batch in tables[:12]) == pytest.approx(225, abs=25)
+    assert sum(batch.count(0) for batch in tables[12:24]) == pytest.approx(150, abs=25)

@@ -4,7 +4,7 @@ the state is valid for."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from spiral_lightning.core import integrity
@@ -51,7 +51,9 @@ class MixtureState:
     its current pass, ``None`` for a pass not begun. ``remainder`` is the digest of the lineage of
     an epoch re-planned from another topology (see ``spiral_lightning.elastic_mixture``).
     ``weights`` are those in force and ``since`` each table's rows when they took effect (empty:
-    at the epoch's start), so that a change of weights shapes only the rows after it.
+    at the epoch's start), so that a change of weights shapes only the rows after it. ``step`` is
+    the rank's step of the consumer's next batch (``core.schedule``); ``None`` in a state saved
+    before steps were kept, which ``next_step`` estimates from its rows in whole batches.
     """
 
     seed: int
@@ -64,6 +66,7 @@ class MixtureState:
     states: tuple[dict[str, Any] | None, ...]
     remainder: str | None = None
     since: tuple[int, ...] = ()
+    step: int | None = None
     #: Whether the dictionary ``from_dict`` read still matched its digest (or had none).
     intact: bool = field(default=True, compare=False, repr=False)
 
@@ -87,7 +90,38 @@ class MixtureState:
             data["remainder"] = self.remainder
         if any(self.since):
             data["since"] = list(self.since)
+        if self.step is not None:
+            data["step"] = self.step
         return integrity.sealed(data)
+
+    def widened(self, tables: int) -> MixtureState:
+        """This state for a mixture of ``tables`` tables: the saved ones first, in their order, and
+        each table added after them at the start of its first pass. ``ValueError`` when the
+        mixture has fewer tables than the state."""
+        added = tables - len(self.tables)
+        if added < 0:
+            raise ValueError(
+                f"the Mixture state holds {len(self.tables)} tables, but the mixture has {tables}: a table can be "
+                "added on resume (after the saved ones), not removed"
+            )
+        if added == 0:
+            return self
+        # An added table had weight 0 so far: the weights in force differ, so they restart at the stop.
+        return replace(
+            self,
+            weights=(*self.weights, *[0.0] * added),
+            tables=(*self.tables, *[Progress()] * added),
+            states=(*self.states, *[None] * added),
+            since=(*self.since, *[0] * added) if self.since else (),
+        )
+
+    @property
+    def next_step(self) -> int:
+        """The rank's step of this consumer's next batch (see ``step``)."""
+        if self.step is not None:
+            return self.step
+        delivered = sum(table.rows for table in self.tables) // self.batch_size
+        return self.shard.worker + delivered * self.shard.workers
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, check_digest: bool = True) -> MixtureState:
@@ -150,6 +184,9 @@ class MixtureState:
         since = data.get("since", [])
         if not isinstance(since, list | tuple) or len(since) not in (0, len(tables)) or not all(map(is_count, since)):
             raise ValueError(f"the Mixture state's since must be {len(tables)} non-negative ints, not {since!r}")
+        step = data.get("step")
+        if step is not None and not is_count(step):
+            raise ValueError(f"the Mixture state's step must be a non-negative int, not {step!r}")
         return cls(
             seed=data["seed"],
             stop=str(data["stop"]),
@@ -161,6 +198,7 @@ class MixtureState:
             states=tuple(states),
             remainder=remainder,
             since=tuple(since),
+            step=step,
             intact=integrity.intact(data),
         )
 

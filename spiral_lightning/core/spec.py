@@ -199,3 +199,17 @@ def with_selection(spec: TableSpec, columns: Sequence[str] | None, filter: Any) 
             raise ValueError(f"the table {masked(spec.uri)!r} has its own filter {spec.filter}, not {filter}")
         spec = replace(spec, filter=filter)
     return spec
+
+
+def narrowed(spec: TableSpec, columns: Sequence[str] | None, where: str) -> TableSpec:
+    """``spec`` reading exactly ``columns`` (``None``: its own), which must be among the columns
+    it selects; ``ValueError`` naming ``where`` and the missing column otherwise."""
+    if columns is None:
+        return spec
+    if spec.columns is not None:
+        for name in columns:
+            if name not in spec.columns:
+                raise ValueError(
+                    f"{where} ({masked(spec.uri)}) lacks the column {name!r}: its spec selects {list(spec.columns)}"
+                )
+    return replace(spec, columns=tuple(columns))

@@ -10,9 +10,7 @@ average); the seed sets where in the cycle each consumer starts. A consumer's st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
@@ -24,14 +22,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning.core.checks import check_count, check_positive
 from spiral_lightning.core.mixture_state import MixtureState, Progress, ended, pass_epoch
 from spiral_lightning.core.plan import Policy, Shard
-from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.schedule import Weights, WeightSchedule, normalized
+from spiral_lightning.core.spec import TableSpec, as_spec, narrowed
 from spiral_lightning.core.state import check_same_topology
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.loader import batch_loader, workers_for
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import RowLineage
-from spiral_lightning.planning.mixing import count_batches, next_table, phases_of
+from spiral_lightning.planning.mixing import Chooser, count_batches, phases_of
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.reading.tensors import to_torch
 
@@ -65,6 +64,10 @@ class Mixture(IterableDataset[Any]):
     pass)``) and ends the epoch when every table has been read to its end at least once; a pass
     that gives the consumer no rows drops the table for the rest of the epoch.
 
+    ``schedule`` changes the weights with the rank's step in the epoch (``core.schedule``): a
+    list of ``(step, weights)`` points, each in force from its step on, or a picklable function
+    of the step that returns the weights; a change shapes only the rows after it.
+
     ``collate`` turns each frame into a batch (tensors by default; a batch's rows are its ``len``,
     or its first column's). With ``table_key`` set, each batch (a mapping) also holds the index
     of its table under that key. Each table reads ``read_ahead`` read batches ahead.
@@ -88,6 +91,7 @@ class Mixture(IterableDataset[Any]):
         collate: Callable[[pa.RecordBatch], Any] | None = to_torch,
         table_key: str | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
+        schedule: Sequence[tuple[int, Sequence[float]]] | Callable[[int], Sequence[float]] | None = None,
     ) -> None:
         if not tables:
             raise ValueError("a Mixture needs at least one (table, weight) pair")
@@ -100,18 +104,12 @@ class Mixture(IterableDataset[Any]):
         if columns is not None and (isinstance(columns, str) or not columns):
             raise ValueError(f"columns must be a non-empty list of column names, not {columns!r}")
         specs: list[TableSpec] = []
-        weights: list[float] = []
         for index, pair in enumerate(tables):
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise TypeError(f"table {index} of the mixture must be a (table, weight) pair, not {pair!r}")
-            table, weight = pair
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
-                raise ValueError(
-                    f"the weight of table {index} of the mixture must be a positive number, not {weight!r}"
-                )
-            specs.append(_project(as_spec(table), columns, index))
-            weights.append(float(weight))
-        self.weights = tuple(weight / sum(weights) for weight in weights)
+            specs.append(narrowed(as_spec(pair[0]), columns, f"table {index} of the mixture"))
+        self.weights = normalized([weight for _, weight in tables], len(tables))
+        self.schedule = None if schedule is None else WeightSchedule.of(schedule, len(tables))
         self.batch_size = batch_size
         self.seed = seed
         self.stop: Stop = stop
@@ -152,8 +150,9 @@ class Mixture(IterableDataset[Any]):
         self._resume: MixtureState | None = None
         self._start: MixtureStart | None = None
         self._lineage: MixtureLineage | None = None
-        # Each table's rows when the weights in force took effect; whether a re-plan starts them anew.
-        self._since: list[int] = []
+        # The weights in force, their rows since and the step, while an epoch is read; whether a
+        # re-plan starts the weights anew.
+        self._chooser = self._first_chooser(Shard())
         self._restart = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -214,26 +213,27 @@ class Mixture(IterableDataset[Any]):
         for worker in range(consumers):
             shard = Shard(first.rank, first.world_size, worker, consumers)
             phases = phases_of(self.seed, self.epoch, shard, len(self.tables))
-            start, since = self._first_progress(shard), self._first_since(shard)
-            rows_of = partial(pass_rows, worker)
-            total += count_batches(start, rows_of, phases, self.weights, self.batch_size, self.stop, since)
+            start, chooser = self._first_progress(shard), self._first_chooser(shard)
+            total += count_batches(start, partial(pass_rows, worker), phases, chooser, self.batch_size, self.stop)
         return total
 
     def _state(self) -> MixtureState:
         shard = self.shard()
         begun = self._begun == self.epoch
         live = self._live if begun else [False] * len(self.tables)
+        chooser = self._chooser if begun else self._first_chooser(shard)
         return MixtureState(
             seed=self.seed,
             stop=self.stop,
-            weights=self.weights,
+            weights=chooser.weights,
             batch_size=self.batch_size,
             shard=shard,
             epoch=self.epoch,
             tables=tuple(self._progress if begun else self._first_progress(shard)),
             states=tuple(table.state_dict() if on else None for table, on in zip(self.tables, live, strict=True)),
             remainder=None if self._replanned() is None or self._lineage is None else self._lineage.digest,
-            since=tuple(self._since if begun else self._first_since(shard)),
+            since=tuple(chooser.since),
+            step=chooser.step,
         )
 
     def _first_progress(self, shard: Shard) -> list[Progress]:
@@ -241,11 +241,21 @@ class Mixture(IterableDataset[Any]):
         start = self._replanned()
         return start.progress(shard) if start is not None else [Progress()] * len(self.tables)
 
-    def _first_since(self, shard: Shard) -> list[int]:
-        """Each table's rows when this epoch's weights took effect for ``shard``: at the start, or
-        where a re-plan that changed the weights put it."""
+    def reweighted(self, state: Mapping[str, Any]) -> bool:
+        """Whether a consumer ``state`` was saved under other weights than this mixture's at its step."""
+        saved = MixtureState.from_dict(state, check_digest=False).widened(len(self.tables))
+        return saved.weights != self._weights_at(saved.next_step)
+
+    def _weights_at(self, step: int) -> Weights:
+        return self.weights if self.schedule is None else self.schedule.at(step, self.weights)
+
+    def _first_chooser(self, shard: Shard) -> Chooser:
+        """How consumer ``shard`` chooses from the start of this epoch, or of a re-plan of it: the
+        weights at its first step, in force since the start or since the re-plan changed them."""
         start = self._replanned()
-        return [table.rows for table in start.progress(shard)] if start is not None and self._restart else []
+        step = shard.worker + (0 if start is None else start.step)
+        since = [table.rows for table in start.progress(shard)] if start is not None and self._restart else []
+        return Chooser(self._weights_at, self._weights_at(step), since, step, shard.workers)
 
     def _replanned(self) -> MixtureStart | None:
         """Where ``load_elastic`` starts every consumer, while its epoch lasts."""
@@ -259,9 +269,10 @@ class Mixture(IterableDataset[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a mixture with the same tables, seed, stop rule, batch
-        size and consumer; ``ValueError`` naming what differs otherwise. Under other weights the
-        rows from the saved position on follow them; no row of a table's pass comes twice."""
-        saved = MixtureState.from_dict(state, check_digest=False)
+        size and consumer; ``ValueError`` naming what differs otherwise. Under other weights (or
+        schedule) the rows from the saved position on follow them; no row of a table's pass comes
+        twice. Tables added after the saved ones start at their first pass."""
+        saved = MixtureState.from_dict(state, check_digest=False).widened(len(self.tables))
         check_same_topology("Mixture", saved.shard, self.shard())
         saved.check_matches(self._state())
         if saved.remainder is not None and (self._lineage is None or self._lineage.digest != saved.remainder):
@@ -295,14 +306,14 @@ class Mixture(IterableDataset[Any]):
         re-planned before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when
         they differ in settings or epoch, or, under ``stop="cycle"``, are in different passes of a
         table (see ``spiral_lightning.elastic_mixture``)."""
-        saved = [MixtureState.from_dict(state) for state in states]
+        saved = [MixtureState.from_dict(state).widened(len(self.tables)) for state in states]
         # New weights (or ones that changed inside the saved epoch) shape the rows from the re-plan on.
-        self._restart = any(state.weights != self.weights or any(state.since) for state in saved)
         current = self._state()
         for state in saved:
             state.check_matches(current, ("seed", "stop"))
         tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
         passes, start = table_passes(saved, lineage, tables)
+        self._restart = any(state.weights != self._weights_at(start.step) or any(state.since) for state in saved)
         lineages: list[RowLineage] = []
         for index, (table, found) in enumerate(zip(self.tables, passes, strict=True)):
             try:
@@ -358,9 +369,12 @@ class Mixture(IterableDataset[Any]):
         shard = self.shard()
         self._begun = self.epoch
         self._progress = list(resume.tables) if resume is not None else self._first_progress(shard)
-        self._since = self._first_since(shard)
+        self._chooser = self._first_chooser(shard)
         if resume is not None:
-            self._since = [t.rows for t in resume.tables] if resume.weights != self.weights else list(resume.since)
+            step = resume.next_step
+            weights = self._weights_at(step)
+            since = [t.rows for t in resume.tables] if resume.weights != weights else list(resume.since)
+            self._chooser = Chooser(self._weights_at, weights, since, step, shard.workers)
         self._live = (
             [state is not None for state in resume.states] if resume is not None else [False] * len(self.tables)
         )
@@ -376,7 +390,7 @@ class Mixture(IterableDataset[Any]):
                 raise ValueError(f"table {number} of the mixture ({table.spec.uri}): {error}") from error
         phases = phases_of(self.seed, self.epoch, shard, len(self.tables))
         streams: list[Iterator[Any] | None] = [None] * len(self.tables)
-        while (index := next_table(self._progress, phases, self.weights, self.batch_size, self._since)) is not None:
+        while (index := self._chooser.choose(self._progress, phases, self.batch_size)) is not None:
             batch = self._next(index, streams)
             if batch is _END:
                 return
@@ -384,6 +398,7 @@ class Mixture(IterableDataset[Any]):
                 continue
             progress = self._progress[index]
             self._progress[index] = progress._replace(rows=progress.rows + _rows(batch))
+            self._chooser.took()
             yield self._tag(batch, index)
 
     def _next(self, index: int, streams: list[Iterator[Any] | None]) -> Any:
@@ -425,21 +440,6 @@ class Mixture(IterableDataset[Any]):
 #: Markers ``Mixture._next`` returns instead of a batch.
 _END = object()
 _AGAIN = object()
-
-
-def _project(spec: TableSpec, columns: Sequence[str] | None, index: int) -> TableSpec:
-    """``spec`` reading exactly ``columns``; ``ValueError`` naming the table and the column when
-    its spec selects columns without one of them."""
-    if columns is None:
-        return spec
-    if spec.columns is not None:
-        for name in columns:
-            if name not in spec.columns:
-                raise ValueError(
-                    f"table {index} of the mixture ({spec.uri}) lacks the column {name!r}: its spec selects "
-                    f"{list(spec.columns)}"
-                )
-    return replace(spec, columns=tuple(columns))
 
 
 def _rows(batch: Any) -> int:

@@ -446,5 +446,5 @@ class SpiralDataModule(pl.LightningDataModule):
         return Layout(self._rank()[1], self.num_workers, self.batch_size)
 
     def _replans(self, state: dict[str, Any]) -> bool:
-        weights = self.counted_train.weights if isinstance(self.counted_train, Mixture) else ()
-        return positions.replans(state, self._layout(), map_access=self.access == "map", weights=weights)
+        reweighted = self.counted_train.reweighted if isinstance(self.counted_train, Mixture) else None
+        return positions.replans(state, self._layout(), map_access=self.access == "map", reweighted=reweighted)

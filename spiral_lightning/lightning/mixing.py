@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from spiral_lightning.core.schedule import by_table
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.reading.tensors import to_torch
@@ -18,20 +19,22 @@ from spiral_lightning.reading.tensors import to_torch
 @dataclass(frozen=True)
 class MixedTable:
     """One table of the mixture a ``SpiralDataModule`` trains on: a spec or uri and its weight, its
-    share of the rows delivered (weights need not sum to 1).
+    share of the rows delivered (weights need not sum to 1), or ``(step, weight)`` points from
+    step 0 on, each in force from that step of the epoch (``Mixture``'s ``schedule``).
 
         data = SpiralDataModule(train=[MixedTable("spiral:data/web", 0.7), MixedTable("spiral:data/books", 0.3)])
 
-    In a config: ``train: [{table: spiral:data/web, weight: 0.7}, {table: spiral:data/books, weight: 0.3}]``.
+    In a config: ``train: [{table: spiral:data/web, weight: 0.7}, {table: spiral:data/books, weight: 0.3}]``;
+    ``weight: [[0, 0.9], [1000, 0.5]]`` changes a share at step 1000.
     """
 
     table: TableSpec | str
-    weight: float
+    weight: float | Sequence[tuple[int, float]]
 
 
 def mixed_tables(
     train: Sequence[Any], storage_options: dict[str, Any] | None, columns: list[str] | None, filter: Any
-) -> list[tuple[TableSpec, float]]:
+) -> list[tuple[TableSpec, Any]]:
     """The (spec, weight) pairs of a train mixture given as ``MixedTable`` values, mappings with
     ``table`` and ``weight``, or pairs, with the DataModule's columns and filter applied;
     ``ValueError`` naming the entry that is none of them."""
@@ -58,13 +61,16 @@ def then_transform(transform: Callable[[Any], Any], batch: pa.RecordBatch) -> An
 
 
 def train_mixture(
-    pairs: Sequence[tuple[TableSpec, float]],
+    pairs: Sequence[tuple[TableSpec, Any]],
     settings: Mapping[str, Any],
     stop: Stop,
     table_key: str | None,
     transform: Callable[[Any], Any] | None,
 ) -> Mixture:
     """The ``Mixture`` of pinned ``pairs`` a rank trains on, with the DataModule's ``settings``
-    (batch size, rank, world size, policy or shuffle, seed, read-ahead)."""
+    (batch size, rank, world size, policy or shuffle, seed, read-ahead); a weight given as points
+    by step makes the mixture's schedule."""
     collate = to_torch if transform is None else partial(then_transform, transform)
-    return Mixture(pairs, stop=stop, table_key=table_key, collate=collate, **settings)
+    first, schedule = by_table([weight for _, weight in pairs])
+    tables = [(spec, weight) for (spec, _), weight in zip(pairs, first, strict=True)]
+    return Mixture(tables, stop=stop, table_key=table_key, collate=collate, schedule=schedule, **settings)

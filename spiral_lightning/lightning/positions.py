@@ -4,6 +4,7 @@ re-plan leaves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -50,17 +51,23 @@ def check_version(state: dict[str, Any], dataset: Train) -> None:
     )
 
 
-def replans(state: dict[str, Any], now: Layout, *, map_access: bool, weights: tuple[float, ...] = ()) -> bool:
+def replans(
+    state: dict[str, Any],
+    now: Layout,
+    *,
+    map_access: bool,
+    reweighted: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> bool:
     """Whether ``state``'s positions continue through a re-planned remainder: saved under another
     world size, worker count or batch size than ``now``, inside an epoch re-planned before, or (a
-    mixture's, whose epoch length follows its weights) under other ``weights``."""
+    mixture's, whose epoch length follows its weights) under weights ``reweighted`` says changed."""
     if map_access:
         inside = "lineage" in state
     else:
         states = consumers(state)
         # A WindowDataset's state nests its table's.
         inside = any("remainder" in consumer.get("table", consumer) for consumer in states)
-        inside |= bool(weights) and any(tuple(consumer.get("weights", ())) != weights for consumer in states)
+        inside |= reweighted is not None and any(map(reweighted, states))
     # Checkpoints of release 0.1 hold no batch size: they resume under the one given now.
     saved = Layout(state["world_size"], state["num_workers"], state.get("batch_size", now.batch_size))
     return needs_replan(saved, now, inside_replan=inside)

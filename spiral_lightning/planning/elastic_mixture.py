@@ -29,11 +29,13 @@ from spiral_lightning.planning.lineage import Lineage, RowLineage
 
 class MixtureStart(NamedTuple):
     """Where every consumer of a re-planned mixture epoch ``epoch`` starts: table ``t`` at pass
-    ``passes[t]``, the saved consumers having delivered ``rows[t]`` of its rows in all."""
+    ``passes[t]``, the saved consumers having delivered ``rows[t]`` of its rows in all, and each
+    rank at ``step`` (the batches a saved rank had delivered in the epoch, their mean over ranks)."""
 
     epoch: int
     passes: tuple[int, ...]
     rows: tuple[int, ...]
+    step: int = 0
 
     def progress(self, shard: Shard) -> list[Progress]:
         """Consumer ``shard``'s progress: each table's pass, and an equal share of its rows."""
@@ -58,20 +60,22 @@ class MixtureLineage(Lineage):
     def _digest_parts(self) -> Iterator[bytes]:
         start = ",".join(str(value) for value in (self.start.epoch, *self.start.passes, *self.start.rows))
         yield ";".join([start, *(table.digest for table in self.tables)]).encode()
+        if self.start.step:
+            yield f";step={self.start.step}".encode()
 
     def _fields(self) -> dict[str, Any]:
-        return {
+        fields = {
             "epoch": self.start.epoch,
             "passes": list(self.start.passes),
             "rows": list(self.start.rows),
             "tables": [table.to_dict() for table in self.tables],
         }
+        return fields | ({"step": self.start.step} if self.start.step else {})
 
     @classmethod
     def _parse(cls, data: Mapping[str, Any]) -> Self:
-        start = MixtureStart(
-            int(data["epoch"]), tuple(int(v) for v in data["passes"]), tuple(int(v) for v in data["rows"])
-        )
+        passes, rows = tuple(int(v) for v in data["passes"]), tuple(int(v) for v in data["rows"])
+        start = MixtureStart(int(data["epoch"]), passes, rows, int(data.get("step", 0)))
         return cls(start, tuple(RowLineage.from_dict(table) for table in data["tables"]))
 
     def _check(self) -> None:
@@ -153,7 +157,19 @@ def table_passes(
         passes.append(TablePass(states, finished, None if before is None else before.to_dict()))
         current.append(number)
     rows = tuple(sum(state.tables[index].rows for state in saved) for index in range(len(tables)))
-    return passes, MixtureStart(first.epoch, tuple(current), rows)
+    return passes, MixtureStart(first.epoch, tuple(current), rows, _rank_step(saved, earlier))
+
+
+def _rank_step(saved: Sequence[MixtureState], earlier: MixtureLineage | None) -> int:
+    """The batches a saved rank had delivered in the epoch, as the mean over ranks: consumer ``w``
+    of ``K`` takes its rank's steps ``w, w + K, ...`` from the step its epoch (or the re-plan
+    ``earlier``) began at."""
+    base = 0 if earlier is None else earlier.start.step
+    ranks: dict[int, int] = {}
+    for state in saved:
+        delivered = (state.next_step - base - state.shard.worker) // state.shard.workers
+        ranks[state.shard.rank] = ranks.get(state.shard.rank, 0) + max(0, delivered)
+    return base + round(sum(ranks.values()) / len(ranks))
 
 
 def _earlier(first: MixtureState, lineage: Mapping[str, Any] | None) -> MixtureLineage | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from spiral_lightning.core.mixture_state import Progress, ended
 from spiral_lightning.core.plan import Shard
+from spiral_lightning.core.schedule import Weights
 
 
 def phases_of(seed: int, epoch: int, shard: Shard, tables: int) -> list[float]:
@@ -40,25 +41,52 @@ def next_table(
     return min(chosen, key=lambda i: ((progress[i].rows - base[i] + phases[i] * batch_size) / weights[i], i))
 
 
+class Chooser:
+    """A consumer's choice of table, batch after batch: ``next_table`` under the weights in force
+    at its step (``weights_at``, see ``core.schedule``). ``weights`` and ``since`` are those of
+    its last choice; a change of weights sets ``since`` to the rows delivered so far, so the new
+    weights shape only the rows after it. ``step`` is the rank's step of the consumer's next
+    batch, and ``stride`` what a batch adds to it (the consumers of its rank)."""
+
+    def __init__(
+        self, weights_at: Callable[[int], Weights], weights: Weights, since: Sequence[int], step: int, stride: int
+    ) -> None:
+        self.weights_at = weights_at
+        self.weights = weights
+        self.since = list(since)
+        self.step = step
+        self.stride = stride
+
+    def choose(self, progress: Sequence[Progress], phases: Sequence[float], batch_size: int) -> int | None:
+        """The table the consumer reads next (``None`` when every table was dropped)."""
+        now = self.weights_at(self.step)
+        if now != self.weights:
+            self.weights, self.since = now, [table.rows for table in progress]
+        return next_table(progress, phases, self.weights, batch_size, self.since)
+
+    def took(self) -> None:
+        """The consumer delivered the batch it chose."""
+        self.step += self.stride
+
+
 def count_batches(
     start: Sequence[Progress],
     pass_rows: Callable[[int, int], int],
     phases: Sequence[float],
-    weights: Sequence[float],
+    chooser: Chooser,
     batch_size: int,
     stop: str,
-    since: Sequence[int] = (),
 ) -> int:
     """The batches a consumer delivers from ``start`` (each table's pass and rows delivered when its
     epoch, or a re-plan of it, begins) to the end of its epoch under ``stop``, where
     ``pass_rows(table, passes)`` gives the rows that pass of that table holds for it. A table's
     batches are frames of ``batch_size`` rows, the last of a pass shorter, as ``TableDataset``
-    cuts them with ``last="keep_partial"``; the steps are ``Mixture.__iter__``'s, on counts
-    (``since`` as ``next_table`` takes it)."""
+    cuts them with ``last="keep_partial"``; the steps are ``Mixture.__iter__``'s, on counts, with
+    ``chooser`` standing where the consumer's choices begin."""
     progress = list(start)
     left: list[int | None] = [None] * len(progress)
     batches = 0
-    while (index := next_table(progress, phases, weights, batch_size, since)) is not None:
+    while (index := chooser.choose(progress, phases, batch_size)) is not None:
         rows = left[index]
         if rows is None:
             rows = pass_rows(index, progress[index].passes)
@@ -73,5 +101,6 @@ def count_batches(
         taken = min(batch_size, rows)
         left[index] = rows - taken
         progress[index] = progress[index]._replace(rows=progress[index].rows + taken)
+        chooser.took()
         batches += 1
     return batches
