@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from spiral_lightning import MixedTable, SpiralDataModule, Split, TableSpec, WorkItem, balanced
+from spiral_lightning import MixedTable, Packing, SpiralDataModule, Split, TableSpec, WorkItem, balanced
 from spiral_lightning.core.plan import Shard
 from tests.tables import KEEP
 
@@ -35,10 +35,15 @@ class Recorder(pl.LightningModule):
         self.seen: list[tuple[int, int, list[int]]] = []
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        # A mixture's batch names its table: its ids are told apart by TABLE_IDS a table.
-        ids = batch["id"] + TABLE_IDS * batch["table"] if "table" in batch else batch["id"]
+        if "positions" in batch:
+            # Packed blocks: the token ids (unique per token in the tests' corpora) stand for rows.
+            ids, x = batch["tokens"].flatten(), batch["tokens"].float().mean(dim=1)
+        else:
+            # A mixture's batch names its table: its ids are told apart by TABLE_IDS a table.
+            ids = batch["id"] + TABLE_IDS * batch["table"] if "table" in batch else batch["id"]
+            x = batch["x"]
         self.seen.append((self.current_epoch, self.global_step, ids.tolist()))
-        loss: torch.Tensor = self.layer(batch["x"][:, None]).pow(2).mean()
+        loss: torch.Tensor = self.layer(x[:, None]).pow(2).mean()
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -92,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--stop", choices=["first_exhausted", "cycle"], default="first_exhausted")
     parser.add_argument("--skip-steps", default=None, help="START:END, the steps a rolled-back run leaves out")
     parser.add_argument("--record", default=None, help="the folder of the step record")
+    parser.add_argument("--packed", type=int, default=None, help="train on blocks of this many tokens of 'tokens'")
     args = parser.parse_args(argv)
     out = Path(args.out)
     trainer = job_trainer(out, args.devices, args.max_epochs, args.checkpoint_every, args.max_steps)
@@ -99,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     train: Any = spec
     if args.mixed_with is not None:
         train = [MixedTable(spec, 3.0), MixedTable(TableSpec(args.mixed_with, columns=["id", "x"]), 1.0)]
+    if args.packed is not None:
+        train = TableSpec(args.uri)
     data = SpiralDataModule(
         train,
         batch_size=args.batch_size,
@@ -109,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         table_key=None if args.mixed_with is None else "table",
         skip_steps=None if args.skip_steps is None else [tuple(int(step) for step in args.skip_steps.split(":"))],
         record=args.record,
+        packing=None if args.packed is None else Packing("tokens", args.packed, separator=-1),
     )
     model = Recorder()
     trainer.fit(model, datamodule=data, ckpt_path=args.ckpt_path)

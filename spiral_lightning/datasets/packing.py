@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -60,8 +60,9 @@ class PackedDataset(TableDataset):
     ``TableDataset`` state whose cursor names the document where the next block starts, plus the
     token offset inside it and the packing it is valid for, so a resume mid-document continues the
     identical stream, re-reading at most one batch of tokens and one read batch. A state saved
-    under another column, length or separator is refused. The elastic re-plan is not supported:
-    a remainder of stored rows would deliver the tokens of partly delivered documents again.
+    under another column, length or separator is refused. ``load_elastic`` re-plans an epoch for
+    another topology or batch size, reading the documents no saved consumer began once and the
+    one each was inside of again whole.
     """
 
     # A packed stream keeps each work item's documents in stored order: shuffle=True permutes
@@ -124,13 +125,27 @@ class PackedDataset(TableDataset):
         self._blocks = 0
         self._packed_work = None
 
-    def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
-        """Refused: see the class."""
-        raise ValueError(
-            "a PackedDataset resumes only under the world size, worker count and batch_size it was saved with: an "
-            "elastic re-plan shares stored rows, and the documents a consumer had partly delivered would be "
-            "delivered again; resume with the saved topology and batch_size, or start the epoch afresh"
-        )
+    def load_elastic(
+        self,
+        states: Sequence[Mapping[str, Any]],
+        lineage: Mapping[str, Any] | None = None,
+        *,
+        finished: Collection[Shard] = (),
+    ) -> None:
+        """Continue an epoch saved by every consumer under another world size, worker count or
+        batch size: the documents no saved consumer began are shared among this dataset's
+        consumers, each exactly once, and the document a consumer was inside of when it saved (its
+        next block began there) is read again whole, so that document's tokens delivered before
+        the stop come twice (at most one document a saved consumer). The re-planned streams pack
+        their own blocks, so each new consumer's tail shorter than a block is dropped as in any
+        epoch. ``lineage`` and ``finished`` as for ``TableDataset.load_elastic``."""
+        tables = []
+        for state in states:
+            saved = self._saved(state)[0]
+            check_digest(state, "PackedDataset", saved.where())
+            tables.append(saved.to_dict())
+        super().load_elastic(tables, lineage, finished=finished)
+        self._restored = None
 
     @property
     def dropped(self) -> int:
@@ -227,6 +242,16 @@ class PackedDataset(TableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, batch size,
         policy, quota and packing; ``ValueError`` naming what differs otherwise."""
+        saved, offset = self._saved(state)
+        saved.check_matches(self._packed_state(self.shard(), None))
+        self.set_epoch(saved.epoch)
+        self.check_loaded("PackedDataset", saved, self.work(), windows=False, rows=False)
+        check_digest(state, "PackedDataset", saved.where())
+        self._restored = (saved, offset)
+
+    def _saved(self, state: Mapping[str, Any]) -> tuple[State, int]:
+        """The table state and token offset of a packed ``state``; ``ValueError`` when it is not
+        one, or packs another token stream."""
         if isinstance(state, Mapping) and "packing" not in state:
             raise ValueError(
                 "the state is not a PackedDataset state: it names no packing (a TableDataset state restores into a "
@@ -256,11 +281,7 @@ class PackedDataset(TableDataset):
             raise ValueError(
                 f"the PackedDataset state has token offset {offset} but no cursor; it was edited or damaged"
             )
-        saved.check_matches(self._packed_state(self.shard(), None))
-        self.set_epoch(saved.epoch)
-        self.check_loaded("PackedDataset", saved, self.work(), windows=False, rows=False)
-        check_digest(state, "PackedDataset", saved.where())
-        self._restored = (saved, offset)
+        return saved, offset
 
     def __iter__(self) -> Iterator[Any]:
         shard, items, work = self.begin()
