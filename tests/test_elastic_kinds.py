@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
@@ -471,6 +471,15 @@ def check_mixed(delivered: list[Mixed], expected: list[list[int]], stop: str) ->
     hops=st.sampled_from([((2, 1), (1, 1)), ((2, 1), (3, 1))]),
     stops=st.lists(st.one_of(st.none(), st.integers(0, 12)), min_size=6, max_size=6),
 )
+# A consumer re-planned into pass 0 of a table, re-planned again: pass 1 stays the earlier share.
+@example(
+    layout=[([0], "spiral", False, 1), ([0], "spiral", False, 1), ([2], "spiral", False, 1)],
+    stop="cycle",
+    seed=0,
+    batch_size=4,
+    hops=((2, 1), (1, 1)),
+    stops=[None, 0, 0, None, None, None],
+)
 def test_mixtures_re_plan_for_other_ranks_each_pass_exactly_once(
     layout: list[tuple[list[int], str, bool, int]],
     stop: Stop,
@@ -508,23 +517,9 @@ def test_mixtures_re_plan_for_other_ranks_each_pass_exactly_once(
         for hop, (world_size, _) in enumerate((old, new, old)):
             saved: list[dict[str, Any]] = []
             readers = [mixture(rank, world_size) for rank in range(world_size)]
-            if states:
-                try:
-                    for reader in readers:
-                        reader.load_elastic(states, lineage=lineage)
-                except ValueError as error:
-                    # Refused only under "cycle" with consumers in different passes of a table; the way
-                    # on is to finish the epoch under the saved ranks.
-                    assert stop == "cycle" and "different passes" in str(error)
-                    passes = {tuple(table["passes"] for table in state["tables"]) for state in states}
-                    assert len(passes) > 1
-                    for state in states:
-                        resumed = mixture(state["shard"][0], state["shard"][1])
-                        if lineage is not None:
-                            resumed.load_lineage(lineage)
-                        resumed.load_state_dict(state)
-                        delivered += consume_mixture(resumed, None)[0]
-                    break
+            for reader in readers:
+                if states:
+                    reader.load_elastic(states, lineage=lineage)
             for reader in readers:
                 found, state = consume_mixture(reader, None if hop == 2 else next(halt))
                 delivered += found
@@ -583,27 +578,46 @@ def test_windows_and_mixtures_name_load_elastic_for_another_topology(make_table:
         Mixture([(spec, 1.0)], batch_size=10).load_elastic([mixing.state_dict()])
 
 
-def test_mixture_consumers_in_different_passes_refuse_and_resume_under_the_saved_ranks(
-    make_table: Callable[..., TableSpec],
-) -> None:
+def test_mixture_consumers_in_different_passes_re_plan_each_pass_once(make_table: Callable[..., TableSpec]) -> None:
     # Rank 0 reads the 8-row split and cycles it; rank 1 is still in the first pass of its 400 rows.
     pairs = [(make_table([400, 400], seed=4), 1.0), (make_table([8, 400], seed=2), 1.0)]
 
     def mixture(rank: int, world_size: int) -> Mixture:
         return Mixture(
-            pairs, batch_size=4, seed=7, columns=["id"], stop="cycle", policy="stripe", rank=rank, world_size=world_size
+            pairs,
+            batch_size=4,
+            seed=7,
+            columns=["id"],
+            stop="cycle",
+            policy="stripe",
+            rank=rank,
+            world_size=world_size,
+            table_key="table",
         )
 
-    states = []
+    states, delivered = [], []
     for rank in range(2):
-        saving = mixture(rank, 2)
-        reading = iter(saving)
-        for _ in range(20):
-            next(reading)
-        states.append(saving.state_dict())
+        found, state = consume_mixture(mixture(rank, 2), 20)
+        delivered += found
+        states.append(state)
     assert [state["tables"][1]["passes"] for state in states] == [4, 0]
-    with pytest.raises(ValueError, match=r"different passes \[0, 4\] of table 1 \(stop='cycle'\).*saved ranks"):
-        mixture(0, 1).load_elastic(states)
+    # One rank re-plans table 1's passes 0 to 4: rank 1's rest of pass 0, then what rank 0 left of
+    # pass 4 and the whole of passes 1-3 for rank 1's share; each pass's rows at most once.
+    resumed = mixture(0, 1)
+    resumed.load_elastic(states)
+    lineage = resumed.lineage()
+    assert lineage is not None and [len(table) for table in lineage["later"]] == [0, 4]
+    before, state = consume_mixture(resumed, 30)
+    # The re-planned epoch stops and resumes again under the same layout, from its lineage.
+    again = mixture(0, 1)
+    again.load_lineage(lineage)
+    again.load_state_dict(state)
+    after, _ = consume_mixture(again, None)
+    whole = mixture(0, 1)
+    whole.load_elastic(states)
+    assert before + after == consume_mixture(whole, None)[0]
+    sizes = [800, 408]
+    check_mixed(delivered + before + after, [list(range(size)) for size in sizes], "cycle")
 
 
 def test_a_mixture_saved_after_its_last_batch_resumes_ended(make_table: Callable[..., TableSpec]) -> None:

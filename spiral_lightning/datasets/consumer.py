@@ -126,9 +126,9 @@ class Consumer:
         # Each consumer's counters, in shared memory like the settings, so that the main process
         # reads what its DataLoader workers counted.
         self._tallies = torch.zeros((1 + TALLY_WORKERS, 2), dtype=torch.int64)
-        self._remainder: Plan | None = None
-        self._remainder_epoch = 0
-        self._lineage: RowLineage | None = None
+        # The re-planned epochs: each one's remainder and lineage (a Mixture's table can hold one
+        # for each pass its saved consumers were in).
+        self._replans: dict[int, tuple[Plan, RowLineage]] = {}
         self._source: Source | None = None
         self._source_pid: int | None = None
         self._ahead: ReadAhead | None = None
@@ -182,25 +182,28 @@ class Consumer:
     def _check_quota(self, rows: int) -> None:
         """A kind's own refusal of a quota of ``rows`` (a count already); none here."""
 
-    def replan(self, remainder: Plan, epoch: int, lineage: RowLineage) -> None:
+    def replan(self, remainder: Plan, epoch: int, lineage: RowLineage, *, keep: bool = False) -> None:
         """Read ``remainder`` (a re-planned epoch's undelivered rows) in ``epoch``, shared with
-        ``balanced`` cuts, and name it by ``lineage`` in states."""
-        self._remainder = remainder
-        self._remainder_epoch = epoch
-        self._lineage = lineage
+        ``balanced`` cuts, and name it by ``lineage`` in states. ``keep`` keeps the re-plans of
+        other epochs (a ``Mixture``'s table re-planned in several passes); else they are dropped."""
+        if not keep:
+            self._replans.clear()
+        self._replans[epoch] = (remainder, lineage)
 
     def drop_replan(self) -> None:
         """Plan the current epoch with the policy again (a state saved outside any re-plan)."""
-        self._remainder = None
+        self._replans.pop(self.epoch, None)
 
     def check_lineage(self, kind: str, saved: State) -> None:
-        """``ValueError`` unless ``saved`` names the re-plan this consumer reads, or none when it
-        reads none (see ``planning.lineage.check_lineage``)."""
-        check_lineage(kind, saved, self._lineage, self._remainder_epoch)
+        """``ValueError`` unless ``saved`` names the re-plan this consumer reads in its epoch, or
+        none when it reads none (see ``planning.lineage.check_lineage``)."""
+        replan = self._replans.get(saved.epoch)
+        check_lineage(kind, saved, None if replan is None else replan[1], saved.epoch)
 
     def lineage_digest(self) -> str | None:
         """The digest of the re-plan this epoch continues, which states record; ``None`` outside one."""
-        return None if self.replanned() is None or self._lineage is None else self._lineage.digest
+        replan = self._replans.get(self.epoch)
+        return None if replan is None else replan[1].digest
 
     def check_resume(self, kind: str, saved: State, shard: Shard, work: str, items: Sequence[WorkItem]) -> Cursor:
         """The cursor a pass continues ``saved`` from, after checking that it points into this
@@ -342,26 +345,25 @@ class Consumer:
     def replanned(self) -> Plan | None:
         """The remainder ``load_elastic`` re-planned, while its epoch lasts. A persistent worker's
         copy keeps it after the epoch moves on, which it learns only through the shared epoch."""
-        return self._remainder if self._remainder_epoch == self.epoch else None
+        replan = self._replans.get(self.epoch)
+        return None if replan is None else replan[0]
 
-    def load_lineage(self, lineage: Mapping[str, Any]) -> None:
+    def load_lineage(self, lineage: Mapping[str, Any], *, keep: bool = False) -> None:
         """Read, in its epoch, the remainder ``lineage`` (a ``lineage()``) describes, as the
         consumers of its last re-plan do, so that their states, which name it, restore with
-        ``load_state_dict`` under the same topology (a ``Mixture`` whose consumers cannot
-        re-plan again resumes so)."""
+        ``load_state_dict`` under the same topology; ``keep`` as for ``replan``."""
         found = RowLineage.from_dict(lineage)
         if found.version != self.spec.version:
             raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
-        self.replan(remainder_of(self.source(), self.policy, found).plan, found.epoch, found)
+        self.replan(remainder_of(self.source(), self.policy, found).plan, found.epoch, found, keep=keep)
 
     def lineage(self) -> dict[str, Any] | None:
         """While this epoch continues a re-plan, what makes its remainder again (see
         ``spiral_lightning.planning.elastic``), as plain values: save it once beside every consumer's
         ``state_dict``, which names it by digest, and give it to ``load_elastic`` to re-plan
         again. ``None`` in an epoch planned as usual."""
-        if self.lineage_digest() is None or self._lineage is None:
-            return None
-        return self._lineage.to_dict()
+        replan = self._replans.get(self.epoch)
+        return None if replan is None else replan[1].to_dict()
 
     def check_shares(self, workers: int) -> None:
         """Warn, once, when one of this rank's consumers (with ``workers`` DataLoader workers a

@@ -27,6 +27,7 @@ from spiral_lightning.core.spec import TableSpec, as_spec, narrowed
 from spiral_lightning.core.state import check_same_topology
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.loader import batch_loader, workers_for
+from spiral_lightning.datasets.stall import rows_of
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.elastic_mixture import MixtureLineage, MixtureStart, TableOf, table_passes
 from spiral_lightning.planning.lineage import RowLineage
@@ -300,12 +301,11 @@ class Mixture(IterableDataset[Any]):
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
         """Continue an epoch saved by every consumer under another world size, worker count, batch
-        size or weights: each table's rows of its pass in progress that none of them delivered are
-        shared among this mixture's consumers, each exactly once, and later epochs plan as usual.
-        ``states`` holds every saved consumer's ``state_dict``; when they continue an epoch
-        re-planned before, ``lineage`` is the ``lineage()`` saved beside them. ``ValueError`` when
-        they differ in settings or epoch, or, under ``stop="cycle"``, are in different passes of a
-        table (see ``spiral_lightning.elastic_mixture``)."""
+        size or weights: each table's rows of its passes in progress that none of them delivered
+        are shared among this mixture's consumers, each exactly once, and later epochs plan as
+        usual (see ``planning.elastic_mixture``). ``states`` holds every saved consumer's
+        ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
+        ``lineage()`` saved beside them. ``ValueError`` when they differ in settings or epoch."""
         saved = [MixtureState.from_dict(state).widened(len(self.tables)) for state in states]
         # New weights (or ones that changed inside the saved epoch) shape the rows from the re-plan on.
         current = self._state()
@@ -314,37 +314,39 @@ class Mixture(IterableDataset[Any]):
         tables = [TableOf(table.spec.version, policy_name(table.policy)) for table in self.tables]
         passes, start = table_passes(saved, lineage, tables)
         self._restart = any(state.weights != self._weights_at(start.step) or any(state.since) for state in saved)
-        lineages: list[RowLineage] = []
-        for index, (table, found) in enumerate(zip(self.tables, passes, strict=True)):
-            try:
-                table.load_elastic(found.states, found.lineage, finished=found.finished)
-            except ValueError as error:
-                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
-            made = table.lineage()
-            if made is not None:
-                lineages.append(RowLineage.from_dict(made))
+        firsts, later = [], []
+        for index, (table, shared) in enumerate(zip(self.tables, passes, strict=True)):
+            made = []
+            for number, found in enumerate(shared):
+                try:
+                    table.load_elastic(found.states, found.lineage, finished=found.finished, keep=number > 0)
+                except ValueError as error:
+                    raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+                made.append(RowLineage.from_dict(table.lineage() or {}))
+            firsts.append(made[0])
+            later.append(tuple(made[1:]))
         self._start = start
         self._begun = None
-        self._lineage = MixtureLineage(start, tuple(lineages))
+        self._lineage = MixtureLineage(start, tuple(firsts), tuple(later) if any(later) else ())
         self._resume = None
         self._epoch[0] = start.epoch
 
     def load_lineage(self, lineage: Mapping[str, Any]) -> None:
         """Read, in its epoch, the remainders ``lineage`` (a ``lineage()``) describes, as the
         consumers of its re-plan do, so that their states, which name it, restore with
-        ``load_state_dict`` under the same topology: the way on for states ``load_elastic``
-        refuses (consumers in different passes of a table under ``stop="cycle"``)."""
+        ``load_state_dict`` under the same topology."""
         found = MixtureLineage.from_dict(lineage)
         if len(found.tables) != len(self.tables):
             raise ValueError(
                 f"the Mixture re-plan lineage holds {len(found.tables)} tables, but the mixture has "
                 f"{len(self.tables)}; it belongs to another mixture"
             )
-        for index, (table, made) in enumerate(zip(self.tables, found.tables, strict=True)):
-            try:
-                table.load_lineage(made.to_dict())
-            except ValueError as error:
-                raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
+        for index, table in enumerate(self.tables):
+            for number, made in enumerate(found.passes_of(index)):
+                try:
+                    table.load_lineage(made.to_dict(), keep=number > 0)
+                except ValueError as error:
+                    raise ValueError(f"table {index} of the mixture ({table.spec.uri}): {error}") from error
         self._start = found.start
         self._begun = None
         self._lineage = found
@@ -397,7 +399,7 @@ class Mixture(IterableDataset[Any]):
             if batch is _AGAIN:
                 continue
             progress = self._progress[index]
-            self._progress[index] = progress._replace(rows=progress.rows + _rows(batch))
+            self._progress[index] = progress._replace(rows=progress.rows + rows_of(batch))
             self._chooser.took()
             yield self._tag(batch, index)
 
@@ -440,11 +442,3 @@ class Mixture(IterableDataset[Any]):
 #: Markers ``Mixture._next`` returns instead of a batch.
 _END = object()
 _AGAIN = object()
-
-
-def _rows(batch: Any) -> int:
-    """The rows of a collated batch: a record batch's, a mapping's first column's, else ``len``."""
-    if isinstance(batch, Mapping):
-        return len(next(iter(batch.values())))
-    rows: int = batch.num_rows if isinstance(batch, pa.RecordBatch) else len(batch)
-    return rows

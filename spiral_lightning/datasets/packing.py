@@ -131,6 +131,7 @@ class PackedDataset(TableDataset):
         lineage: Mapping[str, Any] | None = None,
         *,
         finished: Collection[Shard] = (),
+        keep: bool = False,
     ) -> None:
         """Continue an epoch saved by every consumer under another world size, worker count or
         batch size: the documents no saved consumer began are shared among this dataset's
@@ -138,13 +139,13 @@ class PackedDataset(TableDataset):
         next block began there) is read again whole, so that document's tokens delivered before
         the stop come twice (at most one document a saved consumer). The re-planned streams pack
         their own blocks, so each new consumer's tail shorter than a block is dropped as in any
-        epoch. ``lineage`` and ``finished`` as for ``TableDataset.load_elastic``."""
+        epoch. ``lineage``, ``finished`` and ``keep`` as for ``TableDataset.load_elastic``."""
         tables = []
         for state in states:
             saved = self._saved(state)[0]
             check_digest(state, "PackedDataset", saved.where())
             tables.append(saved.to_dict())
-        super().load_elastic(tables, lineage, finished=finished)
+        super().load_elastic(tables, lineage, finished=finished, keep=keep)
         self._restored = None
 
     @property

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
+import pyarrow as pa
 import torch
 
 from spiral_lightning.core.checks import check_positive
@@ -131,10 +132,13 @@ def measures(steps: list[StepWait]) -> dict[str, float]:
 
 
 def rows_of(batch: Any) -> int:
-    """The rows of a batch: the first dimension of its first tensor (a ``dict``'s values, a
-    tuple's or list's items, searched in order), the length of a list of rows, else 0."""
+    """The rows of a batch: an Arrow record batch's, the first dimension of its first tensor (a
+    ``dict``'s values, a tuple's or list's items, searched in order), the length of a ``dict``'s
+    first list or of a list of rows, else 0."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, pa.RecordBatch):
+        return int(batch.num_rows)
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
     for item in items:
         if isinstance(item, torch.Tensor):
@@ -142,7 +146,7 @@ def rows_of(batch: Any) -> int:
     if isinstance(batch, Mapping):
         lengths = [len(item) for item in batch.values() if isinstance(item, (list, tuple))]
         return lengths[0] if lengths else 0
-    return 0
+    return len(batch) if isinstance(batch, (list, tuple)) else 0
 
 
 #: The settings of a loader and its dataset that decide how fast batches arrive.

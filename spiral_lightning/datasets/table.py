@@ -177,6 +177,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         lineage: Mapping[str, Any] | None = None,
         *,
         finished: Collection[Shard] = (),
+        keep: bool = False,
     ) -> None:
         """Continue an epoch saved by every consumer of another topology (other world size or
         worker count): the rows none of them delivered are shared among this dataset's consumers,
@@ -184,7 +185,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
         ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
         ``lineage()`` saved beside them. ``finished`` names saved consumers that delivered their
         whole list whatever their state says (a ``Mixture`` consumer whose epoch ended on this
-        table). ``ValueError`` when they are not one epoch of one version and policy."""
+        table); ``keep`` keeps the re-plans of other epochs (a ``Mixture``'s later passes).
+        ``ValueError`` when they are not one epoch of one version and policy."""
         saved = [State.from_dict(state) for state in states]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
@@ -193,7 +195,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
             self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
         )
         self.set_epoch(saved[0].epoch)
-        self.replan(remainder.plan, saved[0].epoch, found)
+        self.replan(remainder.plan, saved[0].epoch, found, keep=keep)
         self._resume = None
 
     def __len__(self) -> int:

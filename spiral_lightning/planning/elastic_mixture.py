@@ -1,18 +1,20 @@
-"""Elastic re-plans of a ``Mixture`` epoch: each table's pass in progress, re-planned for the
+"""Elastic re-plans of a ``Mixture`` epoch: each table's passes in progress, re-planned for the
 consumers of another topology.
 
 A mixture consumer reads each table's work list pass after pass. A re-plan shares, table by
-table, the rows of the pass in progress that no saved consumer delivered (``elastic.replan``
-over that table's states), so each row of a pass is delivered once. That needs every saved
-consumer in the same pass of the table: under ``stop="cycle"`` consumers in different passes
-read lists of different table epochs, which one re-plan cannot join, so such states are refused.
-Under ``stop="first_exhausted"`` every consumer reads pass 0 only, and one whose epoch has ended
-counts as finished in every table: what it left stays out of the epoch, as it would have.
+table and pass by pass, the rows of each pass in progress that no saved consumer delivered
+(``elastic.replan`` over that table epoch's states), so each row of a pass is delivered once.
+Under ``stop="cycle"`` the saved consumers may be in different passes of a table: every pass
+from the earliest to the latest is re-planned, a consumer behind a pass counting as not begun
+and one ahead of it as finished, and the new consumers read their share of each in turn (a
+table holds one re-plan per table epoch). Under ``stop="first_exhausted"`` every consumer reads
+pass 0 only, and one whose epoch has ended counts as finished in every table: what it left stays
+out of the epoch, as it would have.
 
-The new consumers start each table at the pass in progress, with an equal share of the rows all
-saved consumers delivered of it, so the deficit choice keeps the epoch's proportions. A *mixture
-lineage* is every table's lineage for the re-planned epoch; it is kept once per checkpoint and
-each consumer's state names it by digest.
+The new consumers start each table at its earliest pass in progress, with an equal share of the
+rows all saved consumers delivered of it, so the deficit choice keeps the epoch's proportions. A
+*mixture lineage* is every table's lineages for the re-planned epoch; it is kept once per
+checkpoint and each consumer's state names it by digest.
 """
 
 from __future__ import annotations
@@ -50,16 +52,30 @@ class MixtureStart(NamedTuple):
 @dataclass(frozen=True)
 class MixtureLineage(Lineage):
     """What makes the remainders of a re-planned mixture epoch again: each table's lineage of
-    the pass the re-plan shared, and ``start``, where the re-plan's consumers began."""
+    the first pass the re-plan shared, ``start``, where the re-plan's consumers began, and
+    ``later``, each table's lineages of the passes after it that saved consumers had begun
+    (``stop="cycle"``; empty when none had)."""
 
     KIND: ClassVar[str] = "Mixture re-plan"
 
     start: MixtureStart
     tables: tuple[RowLineage, ...]
+    later: tuple[tuple[RowLineage, ...], ...] = ()
+
+    def passes_of(self, table: int) -> tuple[RowLineage, ...]:
+        """Table ``table``'s lineages, one for each pass the re-plan shared, in pass order."""
+        return (self.tables[table], *(self.later[table] if self.later else ()))
+
+    def of(self, table: int, epoch: int) -> RowLineage | None:
+        """Table ``table``'s lineage of table epoch ``epoch``, if the re-plan shared that pass."""
+        return next((found for found in self.passes_of(table) if found.epoch == epoch), None)
 
     def _digest_parts(self) -> Iterator[bytes]:
         start = ",".join(str(value) for value in (self.start.epoch, *self.start.passes, *self.start.rows))
         yield ";".join([start, *(table.digest for table in self.tables)]).encode()
+        if self.later:
+            yield b";later:"
+            yield "|".join(",".join(found.digest for found in table) for table in self.later).encode()
         if self.start.step:
             yield f";step={self.start.step}".encode()
 
@@ -70,16 +86,23 @@ class MixtureLineage(Lineage):
             "rows": list(self.start.rows),
             "tables": [table.to_dict() for table in self.tables],
         }
+        if self.later:
+            fields["later"] = [[found.to_dict() for found in table] for table in self.later]
         return fields | ({"step": self.start.step} if self.start.step else {})
 
     @classmethod
     def _parse(cls, data: Mapping[str, Any]) -> Self:
         passes, rows = tuple(int(v) for v in data["passes"]), tuple(int(v) for v in data["rows"])
         start = MixtureStart(int(data["epoch"]), passes, rows, int(data.get("step", 0)))
-        return cls(start, tuple(RowLineage.from_dict(table) for table in data["tables"]))
+        later = tuple(tuple(RowLineage.from_dict(found) for found in table) for table in data.get("later", ()))
+        return cls(start, tuple(RowLineage.from_dict(table) for table in data["tables"]), later)
 
     def _check(self) -> None:
-        if len(self.start.passes) != len(self.start.rows) or len(self.tables) > len(self.start.passes):
+        if (
+            len(self.start.passes) != len(self.start.rows)
+            or len(self.tables) > len(self.start.passes)
+            or (self.later and len(self.later) != len(self.tables))
+        ):
             raise ValueError(
                 f"the Mixture re-plan lineage holds {len(self.start.passes)} passes, {len(self.start.rows)} row counts "
                 f"and {len(self.tables)} table lineages; it was edited or damaged"
@@ -106,11 +129,11 @@ class TableOf(NamedTuple):
 
 def table_passes(
     saved: Sequence[MixtureState], lineage: Mapping[str, Any] | None, tables: Sequence[TableOf]
-) -> tuple[list[TablePass], MixtureStart]:
-    """Each table's re-plan for the mixture consumers ``saved`` (every consumer of one topology,
-    one epoch), given the ``lineage`` saved beside them when they name one, and where the new
-    consumers start; ``ValueError`` naming the table when a table's passes differ under
-    ``stop="cycle"``."""
+) -> tuple[list[list[TablePass]], MixtureStart]:
+    """Each table's re-plans for the mixture consumers ``saved`` (every consumer of one topology,
+    one epoch), one for each pass from the earliest any of them was in to the latest (one pass
+    under ``stop="first_exhausted"``), given the ``lineage`` saved beside them when they name
+    one, and where the new consumers start: each table at its earliest pass."""
     if not saved:
         raise ValueError("an elastic resume needs the states of every consumer of the saved epoch, and got none")
     first = saved[0]
@@ -127,35 +150,38 @@ def table_passes(
             "it belongs to another mixture"
         )
     finished = [state.shard for state in saved if first.stop == "first_exhausted" and ended(first.stop, state.tables)]
-    passes: list[TablePass] = []
+    passes: list[list[TablePass]] = []
     current: list[int] = []
     for index, table in enumerate(tables):
         found = sorted({state.tables[index].passes for state in saved})
-        if first.stop == "cycle" and len(found) > 1:
-            raise ValueError(
-                f"the saved Mixture consumers are in different passes {found} of table {index} (stop='cycle'): "
-                "their lists come from different table epochs, which one re-plan cannot share exactly. Resume under "
-                "the saved ranks and workers (load_state_dict) and change them at the start of an epoch, or mix "
-                "with stop='first_exhausted', whose consumers all read one pass"
+        low, high = (found[0], found[-1]) if first.stop == "cycle" else (0, 0)
+        if earlier is not None and first.stop == "cycle":
+            # A pass the earlier re-plan shared stays a share of its remainder, begun or not.
+            high = max(high, earlier.start.passes[index] + len(earlier.passes_of(index)) - 1)
+        shared: list[TablePass] = []
+        for number in range(low, high + 1):
+            table_epoch = pass_epoch(first.epoch, number)
+            before = None if earlier is None else earlier.of(index, table_epoch)
+            made = State(
+                table.version,
+                first.shard,
+                first.batch_size,
+                table_epoch,
+                table.policy,
+                None,
+                None,
+                remainder=None if before is None else before.digest,
             )
-        number = found[0] if first.stop == "cycle" else 0
-        table_epoch = pass_epoch(first.epoch, number)
-        before = None if earlier is None else earlier.tables[index]
-        if before is not None and before.epoch != table_epoch:
-            before = None
-        made = State(
-            table.version,
-            first.shard,
-            first.batch_size,
-            table_epoch,
-            table.policy,
-            None,
-            None,
-            remainder=None if before is None else before.digest,
-        )
-        states = [state.states[index] or replace(made, shard=state.shard).to_dict() for state in saved]
-        passes.append(TablePass(states, finished, None if before is None else before.to_dict()))
-        current.append(number)
+            # A consumer behind this pass has not begun its list; one ahead delivered all of it.
+            states = [
+                (state.states[index] if state.tables[index].passes == number else None)
+                or replace(made, shard=state.shard).to_dict()
+                for state in saved
+            ]
+            ahead = [state.shard for state in saved if state.tables[index].passes > number]
+            shared.append(TablePass(states, finished + ahead, None if before is None else before.to_dict()))
+        passes.append(shared)
+        current.append(low)
     rows = tuple(sum(state.tables[index].rows for state in saved) for index in range(len(tables)))
     return passes, MixtureStart(first.epoch, tuple(current), rows, _rank_step(saved, earlier))
 
