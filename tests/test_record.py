@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from spiral_lightning import SpiralDataModule, TableSpec
+from spiral_lightning import Packing, SpiralDataModule, TableSpec
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.record import rows
 from tests.lightning_job import Recorder
+from tests.tables import write_uneven
+from tests.test_packing import corpus, documents
 
 SKIPS = [(12, 15)]
 
@@ -88,3 +91,24 @@ def test_the_command_prints_a_steps_rows_and_kinds_it_cannot_record_are_refused(
     remote = SpiralDataModule(spec, record="s3://bucket/record")
     with pytest.raises(ValueError, match="record= takes a local folder"):
         trainer.fit(Recorder(), datamodule=remote)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_record_names_the_documents_each_packed_step_read(tmp_path: Path, workers: int) -> None:
+    lengths = [int(n) for n in np.random.default_rng(2).integers(0, 40, 300)]
+    # One split: a document's stored row is its number.
+    spec = write_uneven(tmp_path / "t", corpus(lengths), [300])
+    model = Recorder()
+    packing = Packing("tokens", 16, separator=-1)
+    data = SpiralDataModule(spec, batch_size=4, num_workers=workers, packing=packing, record=str(tmp_path / "record"))
+    settings: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
+    pl.Trainer(max_epochs=1, default_root_dir=tmp_path, **settings).fit(model, datamodule=data)
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == [step for _, step, _ in model.seen] and len(model.seen) > 10
+    owner = {token: number for number, document in enumerate(documents(lengths)) for token in document}
+    for _, step, ids in model.seen:
+        read = {owner[token] for token in ids if token != -1}
+        noted = {row for row in stored(recorded[step][0]) if lengths[row]}
+        # Every document a step's blocks took tokens of, and at most one more: the one whose
+        # separator alone opened the step.
+        assert read <= noted and len(noted - read) <= 1, step

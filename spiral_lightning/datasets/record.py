@@ -23,6 +23,7 @@ import numpy as np
 
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import State
+from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.delivered import Ranges, rows_between
 from spiral_lightning.planning.policies import Shuffled, window_key
@@ -58,16 +59,16 @@ def decoded(line: Mapping[str, Any]) -> list[tuple[int, int, int]]:
 
 def check_recordable(dataset: Any, folder: str | Path) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
-    rows read without a filter (a kind that batches otherwise, or a filter, makes a batch's stored
-    rows more than its cursors tell), into a local folder."""
+    rows or a ``PackedDataset`` read without a filter (a kind that batches otherwise, or a filter,
+    makes a batch's stored rows more than its cursors tell), into a local folder."""
     if "://" in str(folder):
         raise ValueError(f"record= takes a local folder; a record in an object store ({folder!r}) is not built yet")
-    if type(dataset) is not TableDataset or dataset.spec.filter is not None:
+    if type(dataset) not in (TableDataset, PackedDataset) or dataset.spec.filter is not None:
         kind = type(dataset).__name__
         raise ValueError(
-            f"record= notes the stored rows of each step for a TableDataset read without a filter, not for "
-            f"{'a filtered table' if kind == 'TableDataset' else kind}; a record of mixtures, windows, packed "
-            "blocks, token budgets, map access and filtered tables is not built yet: leave record unset"
+            f"record= notes the stored rows of each step for a TableDataset or PackedDataset read without a filter, "
+            f"not for {'a filtered table' if kind in ('TableDataset', 'PackedDataset') else kind}; a record of "
+            "mixtures, windows, token budgets, map access and filtered tables is not built yet: leave record unset"
         )
 
 
@@ -107,32 +108,33 @@ class StepRecord:
         cursor) is taken as the start of its list."""
         if len(self._seen) != len(states):
             self._seen, self._states = [None] * len(states), [None] * len(states)
-        moved: list[tuple[int, State, object]] = []
+        moved: list[tuple[int, State, object, bool]] = []
         for index, state in enumerate(states):
             # A dict is known by its digest; a State by itself (its equality leaves out nothing read here).
             mark = state if isinstance(state, State) else state.get("digest")
             if mark == self._seen[index]:
                 continue
             # The loader's own states, sealed by its consumers: no digest to check again.
-            found = state if isinstance(state, State) else State.from_dict(state, check_digest=False)
+            found, partly = (state, False) if isinstance(state, State) else _cursor_state(state)
             if found.cursor is not None:
-                moved.append((index, found, mark))
+                moved.append((index, found, mark, partly))
                 continue
             self._seen[index], self._states[index] = mark, None
         if len(moved) != 1:
             raise RuntimeError(f"step {step}: {len(moved)} consumers' states moved on with one batch")
-        index, after, mark = moved[0]
+        index, after, mark, partly = moved[0]
         before = self._states[index]
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[index], self._states[index] = mark, after
-        line: dict[str, Any] = {"step": step, "epoch": after.epoch, **encoded(self._rows(before, after))}
+        line: dict[str, Any] = {"step": step, "epoch": after.epoch, **encoded(self._rows(before, after, partly))}
         if skipped:
             line["skipped"] = True
         self._lines.append(json.dumps(line, separators=(",", ":")))
 
-    def _rows(self, before: State | None, after: State) -> Ranges:
-        """The stored rows one consumer delivered between two of its states."""
+    def _rows(self, before: State | None, after: State, partly: bool) -> Ranges:
+        """The stored rows one consumer delivered between two of its states; ``partly``: the
+        row ``after`` points at was partly delivered too (a packed document, see ``_cursor_state``)."""
         shard: Shard = after.shard
         if self._work.get(shard, (None, []))[0] != after.work:
             items = self.dataset.work(shard)
@@ -147,7 +149,8 @@ class StepRecord:
             window, key = policy.buffer_rows, window_key(policy.seed, after.epoch, shard)
         if after.cursor is None:
             raise RuntimeError(f"consumer {tuple(shard)} delivered a batch but its state has no cursor")
-        return rows_between(items, None if before is None else before.cursor, after.cursor, window, key)
+        cursor = after.cursor._replace(skip=after.cursor.skip + 1) if partly else after.cursor
+        return rows_between(items, None if before is None else before.cursor, cursor, window, key)
 
     def flush(self) -> None:
         """Append the lines noted since the last flush to the rank's file."""
@@ -155,6 +158,16 @@ class StepRecord:
             with self.path.open("a") as file:
                 file.write("".join(f"{line}\n" for line in self._lines))
             self._lines = []
+
+
+def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
+    """The ``State`` whose cursor a consumer's state dict holds, and whether the row it points
+    at was partly delivered: a ``PackedDataset``'s cursor names the document its next block
+    starts in, and a token offset says the blocks before took some of it, so a packed step's
+    rows are every document its blocks touched."""
+    if "packing" not in state:
+        return State.from_dict(state, check_digest=False), False
+    return State.from_dict(state["table"], check_digest=False), bool(state["offset"])
 
 
 def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, list[tuple[int, int, int]]]]:

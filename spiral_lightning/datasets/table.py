@@ -179,14 +179,12 @@ class TableDataset(Consumer, IterableDataset[Any]):
         finished: Collection[Shard] = (),
         keep: bool = False,
     ) -> None:
-        """Continue an epoch saved by every consumer of another topology (other world size or
-        worker count): the rows none of them delivered are shared among this dataset's consumers,
-        each exactly once, and later epochs plan as usual. ``states`` holds every saved consumer's
-        ``state_dict``; when they continue an epoch re-planned before, ``lineage`` is the
-        ``lineage()`` saved beside them. ``finished`` names saved consumers that delivered their
-        whole list whatever their state says (a ``Mixture`` consumer whose epoch ended on this
-        table); ``keep`` keeps the re-plans of other epochs (a ``Mixture``'s later passes).
-        ``ValueError`` when they are not one epoch of one version and policy."""
+        """Share the rows that every saved consumer of another topology (``states``, their
+        ``state_dict``s) had not delivered among this dataset's consumers, each once; later epochs
+        plan as usual. ``lineage``: the ``lineage()`` saved beside states of a re-planned epoch.
+        ``finished``: saved consumers done with their list whatever their state says, ``keep``:
+        keep other epochs' re-plans (both for a ``Mixture``'s tables). ``ValueError`` unless the
+        states are one epoch of one version and policy."""
         saved = [State.from_dict(state) for state in states]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
