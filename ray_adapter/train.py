@@ -27,9 +27,11 @@ from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.job import Layout, distributed, even_epoch, needs_replan, pinned, torch_broadcast
 from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
+from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.reading.frames import Last
+from spiral_lightning.reading.packing import Packing
 from spiral_lightning.reading.tensors import to_torch
 
 _log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ def train_loader(
     read_ahead: int = DEFAULT_READ_AHEAD,
     read_threads: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    packing: Packing | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
@@ -77,7 +80,9 @@ def train_loader(
     Parquet table in an object store (see ``TableSpec``).
 
     ``policy`` deals the work lists (``balanced`` by default); ``shuffle=True`` reads a new order
-    every epoch from ``seed`` instead (see ``TableDataset``).
+    every epoch from ``seed`` instead (see ``TableDataset``). With ``packing`` the loader reads a
+    ``PackedDataset``: batches of ``batch_size`` blocks of the packing's token column (``collate``
+    does not apply), with the same even batches, checkpoints and re-plans.
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -98,19 +103,23 @@ def train_loader(
     """
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    dataset = TableDataset(
-        pinned(as_spec(spec, storage_options), rank, torch_broadcast if distributed() else None),
-        batch_size=batch_size,
-        last=last,
-        policy=policy,
-        shuffle=shuffle,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        collate=collate,
-        rows_per_consumer=rows_per_consumer,
-        read_ahead=read_ahead,
-        read_threads=read_threads,
+    settings: dict[str, Any] = {
+        "batch_size": batch_size,
+        "last": last,
+        "policy": policy,
+        "shuffle": shuffle,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size,
+        "rows_per_consumer": rows_per_consumer,
+        "read_ahead": read_ahead,
+        "read_threads": read_threads,
+    }
+    table = pinned(as_spec(spec, storage_options), rank, torch_broadcast if distributed() else None)
+    dataset = (
+        TableDataset(table, collate=collate, **settings)
+        if packing is None
+        else PackedDataset(table, column=packing.column, length=packing.length, separator=packing.separator, **settings)
     )
     dataset.check_shares(num_workers := workers_for(dataset, num_workers))
     loader_class = _EvenLoader if even_batches and world_size > 1 else Loader
@@ -118,8 +127,8 @@ def train_loader(
     if num_workers:
         options["multiprocessing_context"] = multiprocessing_context
     with without_set_vital_warning():
-        settings = loader_options(num_workers, options, dataset)
-        loader = loader_class(dataset, batch_size=None, group=group_size(dataset), **settings)
+        made = loader_options(num_workers, options, dataset)
+        loader = loader_class(dataset, batch_size=None, group=group_size(dataset), **made)
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:

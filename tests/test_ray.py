@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -24,10 +25,12 @@ from ray.train import Checkpoint
 
 from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
-from spiral_lightning import Shard, TableDataset, TableSpec, write_table
+from spiral_lightning import Packing, Shard, TableDataset, TableSpec, write_table
 from spiral_lightning.demos.tabular import DemoModel
 from tests.objectstore import S3Server
-from tests.tables import BACKENDS, KEEP_TEXT, kept_ids
+from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_uneven
+from tests.test_packing import SEPARATOR, corpus
+from tests.test_packing_elastic import LENGTH, check_re_planned, tokens_of
 
 pytestmark = pytest.mark.slow
 
@@ -317,3 +320,28 @@ def test_train_loader_balances_uneven_splits_by_default_and_leaves_out_at_most_a
         assert read[rank] == [
             int(i) for batch in TableDataset(spec, policy="balanced", rank=rank, world_size=2) for i in batch["id"]
         ]
+
+
+def test_train_loader_packs_blocks_and_resumes_them_under_another_world_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lengths = [int(n) for n in np.random.default_rng(5).integers(0, 40, 300)]
+    spec = write_uneven(tmp_path / "t", corpus(lengths), [100, 120, 80])
+    packing = Packing("tokens", LENGTH, separator=SEPARATOR)
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    before: list[int] = []
+    for rank in range(2):
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, 2))
+        loader = train_loader(spec, batch_size=4, num_workers=0, packing=packing)
+        reading = iter(loader)
+        batches = [next(reading) for _ in range(3)]
+        assert all(batch["tokens"].shape == (4, LENGTH) == batch["positions"].shape for batch in batches)
+        before += tokens_of(batches)
+        save_loader_state(loader, saved)
+    # One rank goes on: the documents neither rank began once, each one's partial document whole.
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: Checkpoint(str(saved)))
+    monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, 0, 1))
+    after = tokens_of(train_loader(spec, batch_size=4, num_workers=0, packing=packing))
+    check_re_planned(lengths, before, after, saved=2, new_consumers=1)
