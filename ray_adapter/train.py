@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,16 +25,31 @@ from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.groups import group_size
-from spiral_lightning.datasets.job import Layout, distributed, even_epoch, needs_replan, pinned, torch_broadcast
+from spiral_lightning.datasets.job import (
+    Layout,
+    distributed,
+    even_epoch,
+    fewest_batches,
+    needs_replan,
+    pinned,
+    torch_broadcast,
+)
 from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
+from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.windows import WindowDataset, Windows
 from spiral_lightning.lightning.loader import consumer_states
+from spiral_lightning.lightning.positions import tables_of, version_of
+from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.frames import Last
 from spiral_lightning.reading.packing import Packing
 from spiral_lightning.reading.tensors import to_torch
 
 _log = logging.getLogger(__name__)
+
+#: The datasets ``train_loader`` reads: rows (plain or packed), a mixture, or windows.
+Counted = TableDataset | Mixture | WindowDataset
 
 #: The version of the dictionary ``save_loader_state`` writes.
 STATE_FORMAT = 1
@@ -53,7 +68,7 @@ def state_file(rank: int) -> str:
 
 
 def train_loader(
-    spec: TableSpec | str,
+    spec: TableSpec | str | Sequence[tuple[TableSpec | str, float]],
     *,
     batch_size: int,
     num_workers: int | None = None,
@@ -71,6 +86,9 @@ def train_loader(
     read_threads: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     packing: Packing | None = None,
+    windows: Windows | None = None,
+    stop: Stop = "first_exhausted",
+    table_key: str | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
@@ -82,7 +100,10 @@ def train_loader(
     ``policy`` deals the work lists (``balanced`` by default); ``shuffle=True`` reads a new order
     every epoch from ``seed`` instead (see ``TableDataset``). With ``packing`` the loader reads a
     ``PackedDataset``: batches of ``batch_size`` blocks of the packing's token column (``collate``
-    does not apply), with the same even batches, checkpoints and re-plans.
+    does not apply), with the same even batches, checkpoints and re-plans. ``spec`` as a list of
+    ``(table, weight)`` pairs reads a ``Mixture`` of them (``stop`` and ``table_key`` as there),
+    and ``windows`` a ``WindowDataset`` of the table; such kinds count their own batches, so with
+    ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -115,25 +136,95 @@ def train_loader(
         "read_ahead": read_ahead,
         "read_threads": read_threads,
     }
-    table = pinned(as_spec(spec, storage_options), rank, torch_broadcast if distributed() else None)
-    dataset = (
-        TableDataset(table, collate=collate, **settings)
-        if packing is None
-        else PackedDataset(table, column=packing.column, length=packing.length, separator=packing.separator, **settings)
-    )
-    dataset.check_shares(num_workers := workers_for(dataset, num_workers))
-    loader_class = _EvenLoader if even_batches and world_size > 1 else Loader
-    options: dict[str, Any] = {"pin_memory": pin_memory}
+    broadcast = torch_broadcast if distributed() else None
+    dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, stop, table_key)
+    num_workers = workers_for(dataset, num_workers)
+    for table in tables_of(dataset):
+        table.check_shares(num_workers)
+    options: dict[str, Any] = {"pin_memory": pin_memory, "batch_size": None, "group": group_size(dataset)}
     if num_workers:
         options["multiprocessing_context"] = multiprocessing_context
     with without_set_vital_warning():
         made = loader_options(num_workers, options, dataset)
-        loader = loader_class(dataset, batch_size=None, group=group_size(dataset), **made)
+        if not isinstance(dataset, TableDataset):
+            loader: Loader = _CountedLoader(dataset, even=even_batches, **made)
+        else:
+            loader = (_EvenLoader if even_batches and world_size > 1 else Loader)(dataset, **made)
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             restore_loader_state(loader, folder)
     return loader
+
+
+def _dataset(
+    spec: TableSpec | str | Sequence[tuple[TableSpec | str, float]],
+    settings: dict[str, Any],
+    storage_options: Mapping[str, Any] | None,
+    broadcast: Any,
+    collate: Callable[[pa.RecordBatch], Any] | None,
+    packing: Packing | None,
+    windows: Windows | None,
+    stop: Stop,
+    table_key: str | None,
+) -> Counted:
+    """The dataset ``train_loader`` reads for this rank (see there), every table pinned."""
+    rank = settings["rank"]
+    if not isinstance(spec, TableSpec | str):
+        if packing is not None or windows is not None:
+            raise ValueError("a mixture of tables is read in rows: leave packing and windows unset with it")
+        pairs = [(pinned(as_spec(table, storage_options), rank, broadcast), weight) for table, weight in spec]
+        mixed = {name: settings[name] for name in ("batch_size", "policy", "shuffle", "seed", "rank", "world_size")}
+        return Mixture(
+            pairs, stop=stop, table_key=table_key, collate=collate, read_ahead=settings["read_ahead"], **mixed
+        )
+    table = pinned(as_spec(spec, storage_options), rank, broadcast)
+    if windows is not None:
+        if packing is not None:
+            raise ValueError("windows and packing are two kinds of train dataset: give one of them")
+        own = {name: settings[name] for name in ("batch_size", "last", "rank", "world_size", "read_ahead")}
+        return WindowDataset(table, windows=windows, policy=settings["policy"] or stripe, collate=collate, **own)
+    if packing is not None:
+        layout: dict[str, Any] = {"column": packing.column, "length": packing.length, "separator": packing.separator}
+        return PackedDataset(table, **layout, **settings)
+    return TableDataset(table, collate=collate, **settings)
+
+
+class _CountedLoader(Loader):
+    """A loader over a dataset that counts its own batches (a ``Mixture``, a ``WindowDataset``):
+    each epoch yields the rank's batches (``batches(workers)``), with ``even`` batches the fewest
+    any rank has (``fewest_batches``, which every rank calls at each epoch's start), so ranks
+    that synchronize every step stay in step. ``delivered`` counts the epoch's batches yielded;
+    ``save_loader_state`` keeps it, and ``resume_at`` restores it."""
+
+    def __init__(self, dataset: Counted, *, even: bool, **options: Any) -> None:
+        super().__init__(dataset, **options)
+        self.even = even
+        self.delivered = 0
+        self.epoch_batches: int | None = None
+        self._resumed: tuple[int, int] | None = None
+
+    def resume_at(self, epoch: int, delivered: int) -> None:
+        """Continue ``epoch`` after its first ``delivered`` batches (those of a restored position)."""
+        self._resumed = (epoch, delivered)
+
+    def __iter__(self) -> Any:
+        dataset = self.table
+        batches, note = fewest_batches(dataset, self.num_workers, self.even)
+        if note is not None and dataset.shard().rank == 0:
+            _log.info("train_loader: %s", note)
+        resumed, self._resumed = self._resumed, None
+        # A restored position's batches count toward the epoch's (a re-planned epoch counts from its re-plan).
+        self.delivered = resumed[1] if resumed is not None and resumed[0] == dataset.epoch else 0
+        self.epoch_batches = batches
+        return self._limited(super().__iter__(), batches)
+
+    def _limited(self, batches: Any, limit: int) -> Any:
+        for batch in batches:
+            if self.delivered >= limit:
+                return
+            self.delivered += 1
+            yield batch
 
 
 class _EvenLoader(Loader):
@@ -161,21 +252,25 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
     then reports with ``ray.train.report(..., checkpoint=Checkpoint.from_directory(folder))``),
     named for its rank so every rank's file lands in the same checkpoint. The path written."""
     dataset = _table(loader)
+    shard = dataset.shard()
     state = {
         "format": STATE_FORMAT,
-        "version": dataset.spec.version,
-        "rank": dataset.rank,
-        "world_size": dataset.world_size,
+        "version": version_of(dataset),
+        "rank": shard.rank,
+        "world_size": shard.world_size,
         "num_workers": loader.num_workers,
         "batch_size": dataset.batch_size,
         "epoch": dataset.epoch,
         "loader": loader.state_dict(),
     }
+    if isinstance(loader, _CountedLoader):
+        # The epoch's batches delivered and its length: a counted epoch ends at its length.
+        state |= {"batches": loader.delivered, "epoch_batches": loader.epoch_batches}
     lineage = dataset.lineage()
-    if lineage is not None and dataset.rank == 0:
+    if lineage is not None and shard.rank == 0:
         # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
         state["lineage"] = lineage
-    path = Path(folder) / state_file(dataset.rank)
+    path = Path(folder) / state_file(shard.rank)
     torch.save(sealed(state), path)
     return path
 
@@ -190,34 +285,38 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     every setting that differs from the saving run's.
     """
     dataset = _table(loader)
+    shard = dataset.shard()
     paths = sorted(Path(folder).glob(STATE_FILES))
     first = torch.load(paths[0], weights_only=True) if paths else None
     if isinstance(first, Mapping) and needs_replan(
         Layout(first.get("world_size", -1), first.get("num_workers", -1), first.get("batch_size", -1)),
-        Layout(dataset.world_size, loader.num_workers, dataset.batch_size),
+        Layout(shard.world_size, loader.num_workers, dataset.batch_size),
         inside_replan="lineage" in first,
     ):
         _replan(dataset, loader.num_workers, paths)
         return
-    path = Path(folder) / state_file(dataset.rank)
+    path = Path(folder) / state_file(shard.rank)
     if not path.is_file():
         saved = sorted(entry.name for entry in Path(folder).glob(STATE_FILES))
         raise FileNotFoundError(
-            f"cannot resume rank {dataset.rank}: save every rank's state with save_loader_state before reporting, "
+            f"cannot resume rank {shard.rank}: save every rank's state with save_loader_state before reporting, "
             "or pass resume=False to start the epoch afresh. The checkpoint "
             f"{str(folder)!r} holds {', '.join(saved) or 'no loader state'}"
         )
     state = torch.load(path, weights_only=True)
     _check(state, dataset, loader.num_workers, path)
-    if state["loader"].get(_FINISHED, False):
+    counted = state.get("epoch_batches")
+    if state["loader"].get(_FINISHED, False) or (counted is not None and state.get("batches", 0) >= counted):
         # Saved after the epoch's last batch: torchdata would start a fresh epoch, so it is the next one.
         dataset.set_epoch(state["epoch"] + 1)
         return
     dataset.set_epoch(state["epoch"])
     loader.load_state_dict(state["loader"])
+    if isinstance(loader, _CountedLoader):
+        loader.resume_at(state["epoch"], int(state.get("batches", 0)))
 
 
-def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
+def _replan(dataset: Counted, num_workers: int, paths: list[Path]) -> None:
     """Share what the ranks that wrote ``paths`` had not delivered among this run's consumers."""
     states = [torch.load(path, weights_only=True) for path in paths]
     for path, state in zip(paths, states, strict=True):
@@ -232,9 +331,7 @@ def _replan(dataset: TableDataset, num_workers: int, paths: list[Path]) -> None:
     )
 
 
-def _check(
-    state: Mapping[str, Any], dataset: TableDataset, num_workers: int, path: Path, *, layout: bool = True
-) -> None:
+def _check(state: Mapping[str, Any], dataset: Counted, num_workers: int, path: Path, *, layout: bool = True) -> None:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
     missing = sorted({"version", "rank", "world_size", "num_workers", "batch_size", "epoch", "loader"} - state.keys())
@@ -251,22 +348,26 @@ def _check(
     # load_state_dict before any row, naming the field it can.
     if not intact(state) and all(intact(consumer) for consumer in consumers):
         raise damaged("Ray loader", where)
-    now: dict[str, Any] = {"version": dataset.spec.version}
+    shard = dataset.shard()
+    now: dict[str, Any] = {"version": version_of(dataset)}
     if layout:
-        now |= {"world_size": dataset.world_size, "num_workers": num_workers, "batch_size": dataset.batch_size}
+        now |= {"world_size": shard.world_size, "num_workers": num_workers, "batch_size": dataset.batch_size}
     differ = [f"{name} (saved {state[name]!r}, now {value!r})" for name, value in now.items() if state[name] != value]
     if differ:
         # The differences come last: Ray Train shortens a worker's error from the middle.
         raise ValueError(
-            f"cannot resume rank {dataset.rank} from {str(path)!r}: a loader position is only valid under the "
+            f"cannot resume rank {shard.rank} from {str(path)!r}: a loader position is only valid under the "
             "settings it was saved with; resume with the saving run's table version and settings, or pass "
             "resume=False to start the epoch afresh. This run differs in " + ", ".join(differ)
         )
 
 
-def _table(loader: StatefulDataLoader) -> TableDataset:
+def _table(loader: StatefulDataLoader) -> Counted:
     # A Loader's dataset may be the Grouped that reads it in groups; its table is the dataset.
     dataset = getattr(loader, "table", loader.dataset)
-    if not isinstance(dataset, TableDataset):
-        raise TypeError(f"expected a loader made by train_loader, over a TableDataset, not {type(dataset).__name__}")
+    if not isinstance(dataset, TableDataset | Mixture | WindowDataset):
+        raise TypeError(
+            f"expected a loader made by train_loader, over a TableDataset, Mixture or WindowDataset, not "
+            f"{type(dataset).__name__}"
+        )
     return dataset

@@ -25,7 +25,7 @@ from ray.train import Checkpoint
 
 from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
-from spiral_lightning import Packing, Shard, TableDataset, TableSpec, write_table
+from spiral_lightning import Packing, Shard, TableDataset, TableSpec, Windows, write_table
 from spiral_lightning.demos.tabular import DemoModel
 from tests.objectstore import S3Server
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_uneven
@@ -345,3 +345,49 @@ def test_train_loader_packs_blocks_and_resumes_them_under_another_world_size(
     monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, 0, 1))
     after = tokens_of(train_loader(spec, batch_size=4, num_workers=0, packing=packing))
     check_re_planned(lengths, before, after, saved=2, new_consumers=1)
+
+
+@pytest.mark.parametrize("kind", ["mixture", "windows"])
+def test_train_loader_reads_a_mixture_and_windows_and_resumes_them(
+    make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    pairs = [(make_table([300, 200], columns=["id"]), 3.0), (make_table([120], seed=1, columns=["id"]), 1.0)]
+    options: dict[str, Any] = (
+        {"spec": pairs, "table_key": "table"}
+        if kind == "mixture"
+        else {"spec": make_table([300, 200], columns=["id"]), "windows": Windows(4, 2)}
+    )
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+
+    def loader(rank: int, world_size: int, checkpoint: Path | None) -> Any:
+        found = None if checkpoint is None else Checkpoint(str(checkpoint))
+        monkeypatch.setattr(ray.train, "get_checkpoint", lambda: found)
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, world_size))
+        return train_loader(batch_size=20, num_workers=0, **options)
+
+    def rows_of(batches: Any) -> list[Any]:
+        if kind == "mixture":
+            return [(int(batch["table"]), batch["id"].tolist()) for batch in batches]
+        return [tuple(window) for batch in batches for window in batch["id"].tolist()]
+
+    whole = [rows_of(loader(rank, 2, None)) for rank in range(2)]
+    before = []
+    for rank in range(2):
+        saving = loader(rank, 2, None)
+        reading = iter(saving)
+        before.append(rows_of([next(reading) for _ in range(3)]))
+        save_loader_state(saving, saved)
+    # Under the saved layout each rank goes on with its uninterrupted epoch.
+    for rank in range(2):
+        assert before[rank] + rows_of(loader(rank, 2, saved)) == whole[rank], rank
+    # One rank re-plans what neither had delivered: no row (window) of a table twice.
+    after = rows_of(loader(0, 1, saved))
+    delivered = before[0] + before[1] + after
+    if kind == "mixture":
+        for table in (0, 1):
+            ids = [row for index, rows in delivered if index == table for row in rows]
+            assert len(ids) == len(set(ids)), f"a row of table {table} came twice"
+        assert {index for index, _ in after} == {0, 1}
+    else:
+        assert sorted(delivered) == sorted(whole[0] + whole[1])
