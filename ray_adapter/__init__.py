@@ -7,7 +7,8 @@ the workers report.
 """
 
 from ray_adapter.datasource import TableDatasource, read_table
-from ray_adapter.train import restore_loader_state, save_loader_state, state_file, train_loader
+from ray_adapter.files import state_file
+from ray_adapter.train import restore_loader_state, save_loader_state, train_loader
 
 __all__ = [
     "TableDatasource",

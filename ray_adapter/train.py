@@ -20,6 +20,8 @@ import torch
 import torch.distributed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ray_adapter.files import FINISHED, STATE_FILES, STATE_FORMAT, state_file
+from ray_adapter.map_train import MapLoader, map_state, restore_map
 from spiral_lightning.core.integrity import damaged, dataset_states, intact, sealed
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
@@ -35,11 +37,13 @@ from spiral_lightning.datasets.job import (
     torch_broadcast,
 )
 from spiral_lightning.datasets.loader import Loader, loader_options, without_set_vital_warning, workers_for
+from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.windows import WindowDataset, Windows
 from spiral_lightning.lightning.loader import consumer_states
+from spiral_lightning.lightning.map_access import MapTraining
 from spiral_lightning.lightning.positions import tables_of, version_of
 from spiral_lightning.planning.policies import stripe
 from spiral_lightning.reading.frames import Last
@@ -50,21 +54,6 @@ _log = logging.getLogger(__name__)
 
 #: The datasets ``train_loader`` reads: rows (plain or packed), a mixture, or windows.
 Counted = TableDataset | Mixture | WindowDataset
-
-#: The version of the dictionary ``save_loader_state`` writes.
-STATE_FORMAT = 1
-
-#: torchdata's key, in a loader state, for "saved after the epoch's last batch".
-_FINISHED = "_iterator_finished"
-
-
-#: The names of the loader states in a checkpoint folder: one per rank, ``*`` its number.
-STATE_FILES = "spiral-loader-rank*.pt"
-
-
-def state_file(rank: int) -> str:
-    """The name of rank ``rank``'s loader state inside a checkpoint folder."""
-    return STATE_FILES.replace("*", str(rank))
 
 
 def train_loader(
@@ -89,6 +78,7 @@ def train_loader(
     windows: Windows | None = None,
     stop: Stop = "first_exhausted",
     table_key: str | None = None,
+    access: Literal["iterable", "map"] = "iterable",
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
@@ -104,6 +94,8 @@ def train_loader(
     ``(table, weight)`` pairs reads a ``Mixture`` of them (``stop`` and ``table_key`` as there),
     and ``windows`` a ``WindowDataset`` of the table; such kinds count their own batches, so with
     ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
+    ``access="map"`` reads rows by index, drawn by a sampler that shuffles the table with ``seed``
+    and the epoch (``map_train.MapLoader``: set its epoch with ``loader.set_epoch``).
 
     Call it inside the train loop: rank and world size come from ``ray.train.get_context()``, and
     every rank reads the version rank 0 resolved. With ``resume`` and a checkpoint from
@@ -137,6 +129,19 @@ def train_loader(
         "read_threads": read_threads,
     }
     broadcast = torch_broadcast if distributed() else None
+    if access == "map":
+        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str):
+            raise ValueError(
+                "access='map' reads a table's rows by index: leave packing and windows unset, give one table"
+            )
+        mapped = TableMapDataset(pinned(as_spec(spec, storage_options), rank, broadcast), read_threads=read_threads)
+        training = MapTraining(mapped, rank=rank, world_size=world_size, seed=seed, batch_size=batch_size, last=last)
+        made: dict[str, Any] = {"num_workers": num_workers or 0, "pin_memory": pin_memory}
+        if num_workers:
+            made["multiprocessing_context"] = multiprocessing_context
+        with without_set_vital_warning():
+            map_loader = MapLoader(mapped, training, **made)
+        return _restored(map_loader, resume)
     dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, stop, table_key)
     num_workers = workers_for(dataset, num_workers)
     for table in tables_of(dataset):
@@ -150,6 +155,11 @@ def train_loader(
             loader: Loader = _CountedLoader(dataset, even=even_batches, **made)
         else:
             loader = (_EvenLoader if even_batches and world_size > 1 else Loader)(dataset, **made)
+    return _restored(loader, resume)
+
+
+def _restored(loader: Loader, resume: bool) -> Loader:
+    """``loader`` at the position of the checkpoint Ray Train restarts from, if asked and any."""
     checkpoint = ray.train.get_checkpoint() if resume else None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
@@ -251,6 +261,8 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
     """Write the position of a ``train_loader`` loader into ``folder`` (the folder this worker
     then reports with ``ray.train.report(..., checkpoint=Checkpoint.from_directory(folder))``),
     named for its rank so every rank's file lands in the same checkpoint. The path written."""
+    if isinstance(loader, MapLoader):
+        return _save(map_state(loader), folder)
     dataset = _table(loader)
     shard = dataset.shard()
     state = {
@@ -270,7 +282,11 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
     if lineage is not None and shard.rank == 0:
         # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
         state["lineage"] = lineage
-    path = Path(folder) / state_file(shard.rank)
+    return _save(state, folder)
+
+
+def _save(state: dict[str, Any], folder: str | Path) -> Path:
+    path = Path(folder) / state_file(state["rank"])
     torch.save(sealed(state), path)
     return path
 
@@ -284,6 +300,9 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     ``FileNotFoundError`` when the folder holds no state for this rank, ``ValueError`` naming
     every setting that differs from the saving run's.
     """
+    if isinstance(loader, MapLoader):
+        restore_map(loader, folder)
+        return
     dataset = _table(loader)
     shard = dataset.shard()
     paths = sorted(Path(folder).glob(STATE_FILES))
@@ -306,7 +325,7 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     state = torch.load(path, weights_only=True)
     _check(state, dataset, loader.num_workers, path)
     counted = state.get("epoch_batches")
-    if state["loader"].get(_FINISHED, False) or (counted is not None and state.get("batches", 0) >= counted):
+    if state["loader"].get(FINISHED, False) or (counted is not None and state.get("batches", 0) >= counted):
         # Saved after the epoch's last batch: torchdata would start a fresh epoch, so it is the next one.
         dataset.set_epoch(state["epoch"] + 1)
         return

@@ -391,3 +391,37 @@ def test_train_loader_reads_a_mixture_and_windows_and_resumes_them(
         assert {index for index, _ in after} == {0, 1}
     else:
         assert sorted(delivered) == sorted(whole[0] + whole[1])
+
+
+def test_train_loader_reads_by_index_and_resumes_under_the_saved_and_another_world_size(
+    make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = make_table([300, 250, 151], columns=["id"])
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+
+    def loader(rank: int, world_size: int, checkpoint: Path | None, batch_size: int = 20) -> Any:
+        found = None if checkpoint is None else Checkpoint(str(checkpoint))
+        monkeypatch.setattr(ray.train, "get_checkpoint", lambda: found)
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, world_size))
+        made = train_loader(spec, access="map", batch_size=batch_size, num_workers=0, seed=3)
+        made.set_epoch(made.epoch)
+        return made
+
+    def ids(batches: Any) -> list[int]:
+        return [row for batch in batches for row in batch["id"].tolist()]
+
+    # The sampler's order: two ranks deal a shuffle of the 701 rows, one row left out for equal ranks.
+    whole = [ids(loader(rank, 2, None)) for rank in range(2)]
+    assert len(whole[0]) == len(whole[1]) == 350 and len(set(whole[0] + whole[1])) == 700
+    before = []
+    for rank in range(2):
+        saving = loader(rank, 2, None)
+        reading = iter(saving)
+        before.append(ids([next(reading) for _ in range(4)]))
+        save_loader_state(saving, saved)
+    for rank in range(2):
+        assert before[rank] + ids(loader(rank, 2, saved)) == whole[rank]
+    # One rank in batches of 30: every row neither rank delivered, each once.
+    after = ids(loader(0, 1, saved, batch_size=30))
+    assert sorted(before[0] + before[1] + after) == sorted(whole[0] + whole[1])
