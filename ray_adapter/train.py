@@ -22,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ray_adapter.files import FINISHED, STATE_FILES, STATE_FORMAT, state_file
 from ray_adapter.map_train import MapLoader, map_state, restore_map
+from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.integrity import damaged, dataset_states, intact, sealed
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
@@ -41,6 +42,7 @@ from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture, Stop
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset, Windows
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.lightning.map_access import MapTraining
@@ -53,13 +55,13 @@ from spiral_lightning.reading.tensors import to_torch
 _log = logging.getLogger(__name__)
 
 #: The datasets ``train_loader`` reads: rows (plain or packed), a mixture, or windows.
-Counted = TableDataset | Mixture | WindowDataset
+Counted = TableDataset | Mixture | WindowDataset | TokenBatchDataset
 
 
 def train_loader(
     spec: TableSpec | str | Sequence[tuple[TableSpec | str, float]],
     *,
-    batch_size: int,
+    batch_size: int | None = None,
     num_workers: int | None = None,
     policy: Policy | str | None = None,
     shuffle: bool = False,
@@ -79,6 +81,7 @@ def train_loader(
     stop: Stop = "first_exhausted",
     table_key: str | None = None,
     access: Literal["iterable", "map"] = "iterable",
+    tokens: TokenBudget | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
@@ -94,6 +97,8 @@ def train_loader(
     ``(table, weight)`` pairs reads a ``Mixture`` of them (``stop`` and ``table_key`` as there),
     and ``windows`` a ``WindowDataset`` of the table; such kinds count their own batches, so with
     ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
+    ``tokens`` reads batches of whole documents sized by a token budget (a ``TokenBatchDataset``,
+    which counts its own batches too; it resumes under the saved world size and workers only).
     ``access="map"`` reads rows by index, drawn by a sampler that shuffles the table with ``seed``
     and the epoch (``map_train.MapLoader``: set its epoch with ``loader.set_epoch``).
 
@@ -114,6 +119,11 @@ def train_loader(
     row per consumer (more only under a filter that keeps unevenly); ``even_batches=False`` reads
     every row, in batch counts that may differ between ranks.
     """
+    if (batch_size is None) != (tokens is not None):
+        raise ValueError(
+            "train_loader takes batch_size (rows, blocks or windows a batch), or tokens= (a TokenBudget that sizes "
+            f"each batch), not both: got batch_size={batch_size!r}, tokens={tokens!r}"
+        )
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     settings: dict[str, Any] = {
@@ -130,9 +140,10 @@ def train_loader(
     }
     broadcast = torch_broadcast if distributed() else None
     if access == "map":
-        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str):
+        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str) or batch_size is None:
             raise ValueError(
-                "access='map' reads a table's rows by index: leave packing and windows unset, give one table"
+                "access='map' reads one table's rows by index in batches of batch_size: leave packing, windows and "
+                "tokens unset, give one table"
             )
         mapped = TableMapDataset(pinned(as_spec(spec, storage_options), rank, broadcast), read_threads=read_threads)
         training = MapTraining(mapped, rank=rank, world_size=world_size, seed=seed, batch_size=batch_size, last=last)
@@ -142,7 +153,14 @@ def train_loader(
         with without_set_vital_warning():
             map_loader = MapLoader(mapped, training, **made)
         return _restored(map_loader, resume)
-    dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, stop, table_key)
+    if tokens is not None:
+        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str):
+            raise ValueError("tokens= batches one table's documents: leave packing and windows unset, give one table")
+        own = {name: settings[name] for name in ("policy", "shuffle", "seed", "rank", "world_size", "read_ahead")}
+        documents = pinned(as_spec(spec, storage_options), rank, broadcast)
+        dataset: Counted = TokenBatchDataset(documents, budget=tokens, read_threads=read_threads, **own)
+    else:
+        dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, stop, table_key)
     num_workers = workers_for(dataset, num_workers)
     for table in tables_of(dataset):
         table.check_shares(num_workers)
@@ -271,7 +289,7 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
         "rank": shard.rank,
         "world_size": shard.world_size,
         "num_workers": loader.num_workers,
-        "batch_size": dataset.batch_size,
+        "batch_size": _batch_size(dataset),
         "epoch": dataset.epoch,
         "loader": loader.state_dict(),
     }
@@ -309,7 +327,7 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     first = torch.load(paths[0], weights_only=True) if paths else None
     if isinstance(first, Mapping) and needs_replan(
         Layout(first.get("world_size", -1), first.get("num_workers", -1), first.get("batch_size", -1)),
-        Layout(shard.world_size, loader.num_workers, dataset.batch_size),
+        Layout(shard.world_size, loader.num_workers, _batch_size(dataset)),
         inside_replan="lineage" in first,
     ):
         _replan(dataset, loader.num_workers, paths)
@@ -370,7 +388,7 @@ def _check(state: Mapping[str, Any], dataset: Counted, num_workers: int, path: P
     shard = dataset.shard()
     now: dict[str, Any] = {"version": version_of(dataset)}
     if layout:
-        now |= {"world_size": shard.world_size, "num_workers": num_workers, "batch_size": dataset.batch_size}
+        now |= {"world_size": shard.world_size, "num_workers": num_workers, "batch_size": _batch_size(dataset)}
     differ = [f"{name} (saved {state[name]!r}, now {value!r})" for name, value in now.items() if state[name] != value]
     if differ:
         # The differences come last: Ray Train shortens a worker's error from the middle.
@@ -381,12 +399,18 @@ def _check(state: Mapping[str, Any], dataset: Counted, num_workers: int, path: P
         )
 
 
+def _batch_size(dataset: Counted) -> int | None:
+    """The rows (blocks, windows) of a batch; ``None`` for token budgets, which have none."""
+    return None if isinstance(dataset, TokenBatchDataset) else dataset.batch_size
+
+
 def _table(loader: StatefulDataLoader) -> Counted:
     # A Loader's dataset may be the Grouped that reads it in groups; its table is the dataset.
     dataset = getattr(loader, "table", loader.dataset)
-    if not isinstance(dataset, TableDataset | Mixture | WindowDataset):
+    if not isinstance(dataset, TableDataset | Mixture | WindowDataset | TokenBatchDataset):
         raise TypeError(
-            f"expected a loader made by train_loader, over a TableDataset, Mixture or WindowDataset, not "
+            f"expected a loader made by train_loader, over a TableDataset, Mixture, WindowDataset or "
+            "TokenBatchDataset, not "
             f"{type(dataset).__name__}"
         )
     return dataset

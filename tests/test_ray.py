@@ -25,7 +25,7 @@ from ray.train import Checkpoint
 
 from ray_adapter import TableDatasource, read_table, save_loader_state, train_loader
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
-from spiral_lightning import Packing, Shard, TableDataset, TableSpec, Windows, write_table
+from spiral_lightning import Packing, Shard, TableDataset, TableSpec, TokenBudget, Windows, write_table
 from spiral_lightning.demos.tabular import DemoModel
 from tests.objectstore import S3Server
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_uneven
@@ -425,3 +425,34 @@ def test_train_loader_reads_by_index_and_resumes_under_the_saved_and_another_wor
     # One rank in batches of 30: every row neither rank delivered, each once.
     after = ids(loader(0, 1, saved, batch_size=30))
     assert sorted(before[0] + before[1] + after) == sorted(whole[0] + whole[1])
+
+
+def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_world_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lengths = [int(n) for n in np.random.default_rng(7).integers(1, 60, 400)]
+    spec = write_uneven(tmp_path / "t", corpus(lengths), [150, 250])
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+    budget = TokenBudget("tokens", max_tokens=256)
+
+    def loader(rank: int, checkpoint: Path | None) -> Any:
+        found = None if checkpoint is None else Checkpoint(str(checkpoint))
+        monkeypatch.setattr(ray.train, "get_checkpoint", lambda: found)
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, 2))
+        return train_loader(spec, tokens=budget, num_workers=0)
+
+    def documents_of(batches: Any) -> list[int]:
+        # Token ids count up across the corpus: a document is known by its first token.
+        return [int(row[0]) for batch in batches for row in batch["tokens"].tolist()]
+
+    whole = [list(loader(rank, None)) for rank in range(2)]
+    assert all(batch["tokens"].numel() <= 256 for batches in whole for batch in batches)
+    before = []
+    for rank in range(2):
+        saving = loader(rank, None)
+        reading = iter(saving)
+        before.append(documents_of([next(reading) for _ in range(3)]))
+        save_loader_state(saving, saved)
+    for rank in range(2):
+        assert before[rank] + documents_of(loader(rank, saved)) == documents_of(whole[rank])
