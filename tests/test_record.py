@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from spiral_lightning import Packing, SpiralDataModule, TableSpec
+from spiral_lightning import MixedTable, Packing, SpiralDataModule, TableSpec
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.record import rows
-from tests.lightning_job import Recorder
+from tests.lightning_job import TABLE_IDS, Recorder
 from tests.tables import write_uneven
 from tests.test_packing import corpus, documents
 
@@ -112,3 +112,35 @@ def test_the_record_names_the_documents_each_packed_step_read(tmp_path: Path, wo
         # Every document a step's blocks took tokens of, and at most one more: the one whose
         # separator alone opened the step.
         assert read <= noted and len(noted - read) <= 1, step
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_record_names_each_mixture_steps_table_and_rows_through_a_resume(
+    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int
+) -> None:
+    tables = [make_table([600], columns=["id", "x"]), make_table([150], seed=1, columns=["id", "x"])]
+    train = [MixedTable(tables[0], 3.0), MixedTable(tables[1], 1.0)]
+
+    def fit(root: Path, ckpt_path: Path | None) -> Recorder:
+        model = Recorder()
+        data = SpiralDataModule(
+            train, batch_size=25, num_workers=workers, stop="cycle", table_key="table", record=str(tmp_path / "rec")
+        )
+        saves = ModelCheckpoint(root, "{step}", every_n_train_steps=6, save_top_k=-1)
+        settings: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
+        pl.Trainer(max_epochs=1, callbacks=[saves], default_root_dir=root, **settings).fit(
+            model, datamodule=data, ckpt_path=ckpt_path
+        )
+        return model
+
+    first = fit(tmp_path / "first", None)
+    resumed = fit(tmp_path / "resumed", tmp_path / "first" / "step=6.ckpt")
+    recorded = rows(tmp_path / "rec")
+    trained = {step: ids for _, step, ids in first.seen if step < 6} | {step: ids for _, step, ids in resumed.seen}
+    assert sorted(recorded) == sorted(trained) and len(trained) > 20
+    for step, ids in trained.items():
+        # A Recorder tells tables apart by TABLE_IDS; the record names each step's table first.
+        (ranges,) = recorded[step].values()
+        assert {table for table, *_ in ranges} == {ids[0] // TABLE_IDS}
+        noted = sorted(TABLE_IDS * table + row for table, _, start, end in ranges for row in range(start, end))
+        assert noted == sorted(ids), step

@@ -23,6 +23,7 @@ import numpy as np
 
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import State
+from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.delivered import Ranges, rows_between
@@ -30,6 +31,10 @@ from spiral_lightning.planning.policies import Shuffled, window_key
 
 #: The version of the lines a record holds.
 RECORD_FORMAT = 1
+
+#: A part of the loader's state that a batch moves on: a consumer (its index in worker order)
+#: and, in a mixture, one of its tables (``None`` otherwise).
+Part = tuple[int, int | None]
 
 #: Ranges a step's line lists as they are; more (a shuffled batch, a range a row) are packed.
 LISTED_RANGES = 8
@@ -63,12 +68,13 @@ def check_recordable(dataset: Any, folder: str | Path) -> None:
     makes a batch's stored rows more than its cursors tell), into a local folder."""
     if "://" in str(folder):
         raise ValueError(f"record= takes a local folder; a record in an object store ({folder!r}) is not built yet")
-    if type(dataset) not in (TableDataset, PackedDataset) or dataset.spec.filter is not None:
+    tables = dataset.tables if type(dataset) is Mixture else [dataset]
+    if any(type(table) not in (TableDataset, PackedDataset) or table.spec.filter is not None for table in tables):
         kind = type(dataset).__name__
         raise ValueError(
-            f"record= notes the stored rows of each step for a TableDataset or PackedDataset read without a filter, "
-            f"not for {'a filtered table' if kind in ('TableDataset', 'PackedDataset') else kind}; a record of "
-            "mixtures, windows, token budgets, map access and filtered tables is not built yet: leave record unset"
+            "record= notes the stored rows of each step for a TableDataset, PackedDataset or Mixture read without a "
+            f"filter, not for {'a filtered table' if kind in ('TableDataset', 'PackedDataset', 'Mixture') else kind}; "
+            "a record of windows, token budgets, map access and filtered tables is not built yet: leave record unset"
         )
 
 
@@ -84,65 +90,80 @@ class StepRecord:
 
     def __init__(self, folder: str | Path, dataset: Any, rank: int, from_step: int) -> None:
         check_recordable(dataset, folder)
-        self.dataset: TableDataset = dataset
+        self.dataset: TableDataset | Mixture = dataset
         self.path = Path(folder) / f"rank-{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
+        if isinstance(dataset, Mixture):
+            header["versions"] = [table.spec.version for table in dataset.tables]
         self._lines = [json.dumps(header)]
-        # What each consumer's last state was known by: its digest, or the State itself.
-        self._seen: list[object] = []
-        self._states: list[State | None] = []
-        # Each consumer's work list by its fingerprint, planned once.
-        self._work: dict[Shard, tuple[str | None, list[WorkItem]]] = {}
+        # What each consumer's (and, in a mixture, each of its tables') last state was known by:
+        # its digest, or the State itself.
+        self._seen: dict[Part, object] = {}
+        self._states: dict[Part, State | None] = {}
+        # Each consumer's work list of each table by its fingerprint, planned once.
+        self._work: dict[tuple[int | None, Shard], tuple[str | None, list[WorkItem]]] = {}
 
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
         order; none for a pass from an epoch's start)."""
-        self._seen = [state.get("digest") for state in states]
-        self._states = [State.from_dict(state) for state in states]
+        self._seen, self._states = {}, {}
+        for index, state in enumerate(states):
+            for table, part in _parts(state):
+                self._seen[index, table] = part.get("digest") if isinstance(part, Mapping) else part
+                self._states[index, table] = part if isinstance(part, State) else _cursor_state(part)[0]
 
     def note(self, step: int, states: Sequence[Mapping[str, Any] | State], skipped: bool = False) -> None:
         """Note the batch of ``step``: the rows between the previous and the new state of the one
         consumer whose state moved on, of ``states`` (every consumer's, in worker order: as dicts,
         or in process as the dataset's ``State``). A state before its consumer's first batch (no
         cursor) is taken as the start of its list."""
-        if len(self._seen) != len(states):
-            self._seen, self._states = [None] * len(states), [None] * len(states)
-        moved: list[tuple[int, State, object, bool]] = []
+        moved: list[tuple[Part, State, object, bool]] = []
         for index, state in enumerate(states):
-            # A dict is known by its digest; a State by itself (its equality leaves out nothing read here).
-            mark = state if isinstance(state, State) else state.get("digest")
-            if mark == self._seen[index]:
-                continue
-            # The loader's own states, sealed by its consumers: no digest to check again.
-            found, partly = (state, False) if isinstance(state, State) else _cursor_state(state)
-            if found.cursor is not None:
-                moved.append((index, found, mark, partly))
-                continue
-            self._seen[index], self._states[index] = mark, None
+            for table, part in _parts(state):
+                # A dict is known by its digest; a State by itself (its equality leaves out nothing read here).
+                mark = part if isinstance(part, State) else part.get("digest")
+                if mark == self._seen.get((index, table)):
+                    continue
+                # The loader's own states, sealed by its consumers: no digest to check again.
+                found, partly = (part, False) if isinstance(part, State) else _cursor_state(part)
+                if found.cursor is not None:
+                    moved.append(((index, table), found, mark, partly))
+                    continue
+                self._seen[index, table], self._states[index, table] = mark, None
         if len(moved) != 1:
             raise RuntimeError(f"step {step}: {len(moved)} consumers' states moved on with one batch")
-        index, after, mark, partly = moved[0]
-        before = self._states[index]
+        key, after, mark, partly = moved[0]
+        before = self._states.get(key)
         if before is not None and before.epoch != after.epoch:
             before = None
-        self._seen[index], self._states[index] = mark, after
-        line: dict[str, Any] = {"step": step, "epoch": after.epoch, **encoded(self._rows(before, after, partly))}
+        self._seen[key], self._states[key] = mark, after
+        line: dict[str, Any] = {"step": step, "epoch": after.epoch}
+        if key[1] is not None:
+            line["table"] = key[1]
+        line |= encoded(self._rows(key[1], before, after, partly))
         if skipped:
             line["skipped"] = True
         self._lines.append(json.dumps(line, separators=(",", ":")))
 
-    def _rows(self, before: State | None, after: State, partly: bool) -> Ranges:
-        """The stored rows one consumer delivered between two of its states; ``partly``: the
-        row ``after`` points at was partly delivered too (a packed document, see ``_cursor_state``)."""
+    def _rows(self, table: int | None, before: State | None, after: State, partly: bool) -> Ranges:
+        """The stored rows one consumer delivered between two of its states (of mixture table
+        ``table``); ``partly``: the row ``after`` points at was partly delivered too (a packed
+        document, see ``_cursor_state``)."""
+        dataset = (
+            self.dataset.tables[table] if isinstance(self.dataset, Mixture) and table is not None else self.dataset
+        )
+        if not isinstance(dataset, TableDataset):
+            raise RuntimeError(f"the record of a Mixture found a state outside its tables: {table!r}")
         shard: Shard = after.shard
-        if self._work.get(shard, (None, []))[0] != after.work:
-            items = self.dataset.work(shard)
+        if self._work.get((table, shard), (None, []))[0] != after.work:
+            # A table of a mixture plans each pass as its own epoch: the state's.
+            items = dataset.work(shard) if table is None else _work_of(dataset, shard, after.epoch)
             if fingerprint(items) != after.work:
                 raise RuntimeError(f"the record found another work list for consumer {tuple(shard)} than it read")
-            self._work[shard] = (after.work, items)
-        items = self._work[shard][1]
-        policy = self.dataset.policy
+            self._work[table, shard] = (after.work, items)
+        items = self._work[table, shard][1]
+        policy = dataset.policy
         window = 0
         key: tuple[int, ...] = ()
         if isinstance(policy, Shuffled) and policy.buffer_rows:
@@ -160,6 +181,24 @@ class StepRecord:
             self._lines = []
 
 
+def _parts(state: Mapping[str, Any] | State) -> list[tuple[int | None, Mapping[str, Any] | State]]:
+    """The states of one consumer that its batches move on: its own, or a ``Mixture``'s table
+    states (each with its table's index), one for each table whose pass has begun."""
+    if isinstance(state, State) or "weights" not in state:
+        return [(None, state)]
+    return [(table, entry["state"]) for table, entry in enumerate(state["tables"]) if entry["state"] is not None]
+
+
+def _work_of(table: TableDataset, shard: Shard, epoch: int) -> list[WorkItem]:
+    """``shard``'s work list of a mixture's ``table`` in table epoch ``epoch`` (one of its passes)."""
+    now = table.epoch
+    table.set_epoch(epoch)
+    try:
+        return table.work(shard)
+    finally:
+        table.set_epoch(now)
+
+
 def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
     """The ``State`` whose cursor a consumer's state dict holds, and whether the row it points
     at was partly delivered: a ``PackedDataset``'s cursor names the document its next block
@@ -170,14 +209,16 @@ def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
     return State.from_dict(state["table"], check_digest=False), bool(state["offset"])
 
 
-def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, list[tuple[int, int, int]]]]:
+def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, list[tuple[int, ...]]]]:
     """Which stored rows each of ``steps`` (every recorded step when ``None``) trained on, by
-    rank: ``{step: {rank: [(split, start, end), ...]}}``, from the record folder ``record``. A
-    step whose batch was skipped is left out, as is one no rank recorded."""
+    rank: ``{step: {rank: [(split, start, end), ...]}}``, from the record folder ``record``; a
+    ``Mixture``'s step names its table first, ``(table, split, start, end)`` (the header's
+    ``versions`` holds each table's version). A step whose batch was skipped is left out, as is
+    one no rank recorded."""
     wanted = None if steps is None else set(steps)
-    found: dict[int, dict[int, list[tuple[int, int, int]]]] = {}
+    found: dict[int, dict[int, list[tuple[int, ...]]]] = {}
     for path in sorted(Path(record).glob("rank-*.jsonl")):
-        kept: dict[int, list[tuple[int, int, int]] | None] = {}
+        kept: dict[int, list[tuple[int, ...]] | None] = {}
         rank = -1
         for number, text in enumerate(path.read_text().splitlines(), 1):
             line = json.loads(text)
@@ -187,7 +228,9 @@ def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, di
                 rank = int(line["rank"])
                 kept = {step: ranges for step, ranges in kept.items() if step < line["from_step"]}
                 continue
-            read = decoded(line)
+            read: list[tuple[int, ...]] = list(decoded(line))
+            if "table" in line:
+                read = [(int(line["table"]), *ranges) for ranges in read]
             kept[int(line["step"])] = None if line.get("skipped") else read
         for step, trained in kept.items():
             if trained is not None and (wanted is None or step in wanted):

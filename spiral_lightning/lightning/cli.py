@@ -229,7 +229,8 @@ def record(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="spiral-lightning record",
         description="Print the stored rows each training step read, from the record folder a "
-        "SpiralDataModule(record=...) run wrote: one line per step and rank, its rows as split:start-end ranges.",
+        "SpiralDataModule(record=...) run wrote: one line per step and rank, its rows as split:start-end ranges "
+        "(table/split:start-end for a mixture).",
     )
     parser.add_argument("folder", help="the record folder (SpiralDataModule's record=)")
     parser.add_argument("--steps", type=_steps, metavar="A:B", help="steps A to B - 1 only (default: every step)")
@@ -238,7 +239,14 @@ def record(argv: Sequence[str]) -> None:
         parser.exit(1, f"{parser.prog}: error: no record folder {args.folder!r}\n")
     for step, ranks in rows(args.folder, args.steps).items():
         for rank, ranges in ranks.items():
-            print(f"step {step} rank {rank}: " + " ".join(f"{split}:{start}-{end}" for split, start, end in ranges))
+            # A mixture's ranges name their table first: table/split:start-end.
+            print(f"step {step} rank {rank}: " + " ".join(_range(*found) for found in ranges))
+
+
+def _range(*values: int) -> str:
+    """A recorded range as the command prints it: ``split:start-end``, or ``table/split:start-end``."""
+    *table, split, start, end = values
+    return "".join(f"{number}/" for number in table) + f"{split}:{start}-{end}"
 
 
 def import_from_working_directory() -> None:
