@@ -22,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ray_adapter.files import FINISHED, STATE_FILES, STATE_FORMAT, state_file
 from ray_adapter.map_train import MapLoader, map_state, restore_map
+from ray_adapter.recording import Recording
 from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.integrity import damaged, dataset_states, intact, sealed
 from spiral_lightning.core.plan import Policy
@@ -54,6 +55,9 @@ from spiral_lightning.reading.tensors import to_torch
 
 _log = logging.getLogger(__name__)
 
+#: What ``_CountedLoader._limited`` gets from a finished iteration.
+_NONE = object()
+
 #: The datasets ``train_loader`` reads: rows (plain or packed), a mixture, or windows.
 Counted = TableDataset | Mixture | WindowDataset | TokenBatchDataset
 
@@ -82,6 +86,7 @@ def train_loader(
     table_key: str | None = None,
     access: Literal["iterable", "map"] = "iterable",
     tokens: TokenBudget | None = None,
+    record: str | None = None,
 ) -> StatefulDataLoader:
     """This Ray Train worker's loader: a ``StatefulDataLoader`` over the ``TableDataset`` of its
     rank, in frames of ``batch_size`` rows, read by ``num_workers`` DataLoader workers (by default
@@ -99,6 +104,8 @@ def train_loader(
     ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
     ``tokens`` reads batches of whole documents sized by a token budget (a ``TokenBatchDataset``,
     which counts its own batches too; it resumes under the saved world size and workers only).
+    ``record`` (a folder) notes the stored rows of each batch by the rank's step, its batches
+    since the run began (``spiral_lightning.record``; ``save_loader_state`` writes the notes).
     ``access="map"`` reads rows by index, drawn by a sampler that shuffles the table with ``seed``
     and the epoch (``map_train.MapLoader``: set its epoch with ``loader.set_epoch``).
 
@@ -170,9 +177,11 @@ def train_loader(
     with without_set_vital_warning():
         made = loader_options(num_workers, options, dataset)
         if not isinstance(dataset, TableDataset):
-            loader: Loader = _CountedLoader(dataset, even=even_batches, **made)
+            loader: _Recorded = _CountedLoader(dataset, even=even_batches, **made)
         else:
-            loader = (_EvenLoader if even_batches and world_size > 1 else Loader)(dataset, **made)
+            loader = (_EvenLoader if even_batches and world_size > 1 else _Recorded)(dataset, **made)
+    if record is not None:
+        loader.recording = Recording(record, dataset, rank)
     return _restored(loader, resume)
 
 
@@ -218,7 +227,17 @@ def _dataset(
     return TableDataset(table, collate=collate, **settings)
 
 
-class _CountedLoader(Loader):
+class _Recorded(Loader):
+    """A loader whose batches its ``recording`` (when set) notes as they are handed on."""
+
+    recording: Recording | None = None
+
+    def __iter__(self) -> Any:
+        batches = super().__iter__()
+        return batches if self.recording is None else self.recording.noted(self, batches)
+
+
+class _CountedLoader(_Recorded):
     """A loader over a dataset that counts its own batches (a ``Mixture``, a ``WindowDataset``):
     each epoch yields the rank's batches (``batches(workers)``), with ``even`` batches the fewest
     any rank has (``fewest_batches``, which every rank calls at each epoch's start), so ranks
@@ -248,14 +267,16 @@ class _CountedLoader(Loader):
         return self._limited(super().__iter__(), batches)
 
     def _limited(self, batches: Any, limit: int) -> Any:
-        for batch in batches:
-            if self.delivered >= limit:
+        # Stop before taking a batch past the limit: a recording notes each batch taken.
+        while self.delivered < limit:
+            batch = next(batches, _NONE)
+            if batch is _NONE:
                 return
             self.delivered += 1
             yield batch
 
 
-class _EvenLoader(Loader):
+class _EvenLoader(_Recorded):
     """A loader that gives its dataset the even quota of the epoch it is about to read."""
 
     def __init__(self, dataset: TableDataset, **options: Any) -> None:
@@ -300,6 +321,10 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
     if lineage is not None and shard.rank == 0:
         # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
         state["lineage"] = lineage
+    recording = getattr(loader, "recording", None)
+    if recording is not None:
+        recording.flush()
+        state["step"] = recording.step
     return _save(state, folder)
 
 
@@ -331,6 +356,8 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
         inside_replan="lineage" in first,
     ):
         _replan(dataset, loader.num_workers, paths)
+        if isinstance(loader, _Recorded) and loader.recording is not None:
+            loader.recording.restore(int(first.get("step", 0)), [])
         return
     path = Path(folder) / state_file(shard.rank)
     if not path.is_file():
@@ -343,7 +370,10 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
     state = torch.load(path, weights_only=True)
     _check(state, dataset, loader.num_workers, path)
     counted = state.get("epoch_batches")
-    if state["loader"].get(FINISHED, False) or (counted is not None and state.get("batches", 0) >= counted):
+    finished = state["loader"].get(FINISHED, False) or (counted is not None and state.get("batches", 0) >= counted)
+    if isinstance(loader, _Recorded) and loader.recording is not None:
+        loader.recording.restore(int(state.get("step", 0)), [] if finished else consumer_states(state["loader"]))
+    if finished:
         # Saved after the epoch's last batch: torchdata would start a fresh epoch, so it is the next one.
         dataset.set_epoch(state["epoch"] + 1)
         return

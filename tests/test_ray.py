@@ -27,6 +27,7 @@ from ray_adapter import TableDatasource, read_table, save_loader_state, train_lo
 from ray_adapter.cli import CHECKPOINT, parser, run_experiment
 from spiral_lightning import Packing, Shard, TableDataset, TableSpec, TokenBudget, Windows, write_table
 from spiral_lightning.demos.tabular import DemoModel
+from spiral_lightning.record import rows as recorded_rows
 from tests.objectstore import S3Server
 from tests.tables import BACKENDS, KEEP_TEXT, kept_ids, write_uneven
 from tests.test_packing import SEPARATOR, corpus
@@ -456,3 +457,40 @@ def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_world_
         save_loader_state(saving, saved)
     for rank in range(2):
         assert before[rank] + documents_of(loader(rank, saved)) == documents_of(whole[rank])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_train_loader_records_each_steps_rows_through_a_resume(
+    make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    spec = make_table([400, 300], columns=["id"])
+    saved = tmp_path / "checkpoint"
+    saved.mkdir()
+    folder = str(tmp_path / "record")
+
+    def loader(rank: int, checkpoint: Path | None) -> Any:
+        found = None if checkpoint is None else Checkpoint(str(checkpoint))
+        monkeypatch.setattr(ray.train, "get_checkpoint", lambda: found)
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, 2))
+        return train_loader(spec, batch_size=50, num_workers=workers, shuffle=True, record=folder)
+
+    trained: dict[int, dict[int, list[int]]] = {0: {}, 1: {}}
+    for rank in range(2):
+        saving = loader(rank, None)
+        reading = iter(saving)
+        for step in range(3):
+            trained[rank][step] = next(reading)["id"].tolist()
+        save_loader_state(saving, saved)
+        del reading, saving
+    for rank in range(2):
+        for step, batch in enumerate(loader(rank, saved), start=3):
+            trained[rank][step] = batch["id"].tolist()
+    recorded = recorded_rows(folder)
+    for rank in range(2):
+        noted = {
+            # Split 1's stored rows hold ids from 400 on.
+            step: sorted(400 * split + row for split, start, end in ranks[rank] for row in range(start, end))
+            for step, ranks in recorded.items()
+            if rank in ranks
+        }
+        assert noted == {step: sorted(ids) for step, ids in trained[rank].items()}, rank
