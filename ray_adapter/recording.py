@@ -8,22 +8,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.datasets.record import StepRecord, check_recordable
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.lightning.loader import consumer_states
 
 
 class Recording:
-    """What one rank's loader records: into ``folder`` for ``dataset`` of rank ``rank``, ``step``
-    the step of its next batch, and the consumer states a restored position continues from.
+    """What one rank's loader records: into ``folder`` (a path or an object-store uri reached with
+    ``options``) for ``dataset`` of rank ``rank``, ``step`` the step of its next batch, and the
+    consumer states a restored position continues from.
 
         recording = Recording("runs/record", dataset, rank=0)
         batches = recording.noted(loader, iter(loader))
     """
 
-    def __init__(self, folder: str, dataset: Any, rank: int) -> None:
-        check_recordable(dataset, folder)
-        self.folder, self.dataset, self.rank = folder, dataset, rank
+    def __init__(self, folder: str, dataset: Any, rank: int, options: StorageOptions | None = None) -> None:
+        check_recordable(dataset, folder, options)
+        self.folder, self.dataset, self.rank, self.options = folder, dataset, rank, options
         self.step = 0
         self.record: StepRecord | None = None
         self._restored: list[dict[str, Any]] = []
@@ -36,7 +38,7 @@ class Recording:
     def noted(self, loader: Any, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches`` (an iteration of ``loader``), each noted at its step as it is handed on."""
         if self.record is None:
-            self.record = StepRecord(self.folder, self.dataset, self.rank, from_step=self.step)
+            self.record = StepRecord(self.folder, self.dataset, self.rank, self.step, self.options)
         self.record.begin(self._restored)
         self._restored = []
         # In process the dataset's own state, unsealed, as the DataModule's loader notes it.

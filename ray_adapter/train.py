@@ -27,6 +27,7 @@ from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.integrity import damaged, dataset_states, intact, sealed
 from spiral_lightning.core.plan import Policy
 from spiral_lightning.core.spec import TableSpec, as_spec
+from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
 from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.datasets.job import (
@@ -181,7 +182,8 @@ def train_loader(
         else:
             loader = (_EvenLoader if even_batches and world_size > 1 else _Recorded)(dataset, **made)
     if record is not None:
-        loader.recording = Recording(record, dataset, rank)
+        stores = None if storage_options is None else StorageOptions(storage_options)
+        loader.recording = Recording(record, dataset, rank, stores)
     return _restored(loader, resume)
 
 

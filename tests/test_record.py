@@ -11,21 +11,26 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
+from pyarrow.fs import FileSelector
 
 from spiral_lightning import MixedTable, Packing, SpiralDataModule, TableSpec
+from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.record import rows
 from tests.lightning_job import TABLE_IDS, Recorder
+from tests.objectstore import S3Server
 from tests.tables import write_uneven
+from tests.test_objectstore import bucket, options
 from tests.test_packing import corpus, documents
 
 SKIPS = [(12, 15)]
 
 
-def fit(root: Path, spec: TableSpec, ckpt_path: Path | None, **options: Any) -> Recorder:
-    """Two epochs of 20 batches of 50 rows, a checkpoint every 5 steps, the record in ``root/record``."""
+def fit(root: Path, spec: TableSpec, ckpt_path: Path | None, **settings: Any) -> Recorder:
+    """Two epochs of 20 batches of 50 rows, a checkpoint every 5 steps, the record in ``root/record``
+    unless ``settings`` name another."""
     model = Recorder()
-    data = SpiralDataModule(spec, batch_size=50, record=str(root.parent / "record"), **options)
+    data = SpiralDataModule(spec, batch_size=50, **{"record": str(root.parent / "record"), **settings})
     saves = ModelCheckpoint(root, "{step}", every_n_train_steps=5, save_top_k=-1)
     settings: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
     pl.Trainer(max_epochs=2, callbacks=[saves], default_root_dir=root, **settings).fit(
@@ -88,8 +93,8 @@ def test_the_command_prints_a_steps_rows_and_kinds_it_cannot_record_are_refused(
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match="not for a filtered table"):
         trainer.fit(Recorder(), datamodule=filtered)
-    remote = SpiralDataModule(spec, record="s3://bucket/record")
-    with pytest.raises(ValueError, match="record= takes a local folder"):
+    remote = SpiralDataModule(spec, record="s3://no-such-bucket/record")
+    with pytest.raises(ValueError, match="the record folder 's3://no-such-bucket/record' cannot be reached"):
         trainer.fit(Recorder(), datamodule=remote)
 
 
@@ -144,3 +149,25 @@ def test_the_record_names_each_mixture_steps_table_and_rows_through_a_resume(
         assert {table for table, *_ in ranges} == {ids[0] // TABLE_IDS}
         noted = sorted(TABLE_IDS * table + row for table, _, start, end in ranges for row in range(start, end))
         assert noted == sorted(ids), step
+
+
+def test_a_record_in_an_object_store_reads_back_through_a_resume(
+    make_table: Callable[..., TableSpec], tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The DataModule reaches the record's store with the environment's credentials and endpoint.
+    store = options(s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", store["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store["aws_endpoint"])
+    folder = f"s3://{bucket(s3_server)}/runs/record"
+    spec = make_table([1000], columns=["id", "x"])
+    first = fit(tmp_path / "first", spec, None, num_workers=0, record=folder)
+    resumed = fit(tmp_path / "resumed", spec, tmp_path / "first" / "step=10.ckpt", num_workers=0, record=folder)
+    recorded = rows(folder, storage_options=StorageOptions(store))
+    trained = {step: ids for _, step, ids in first.seen if step < 10} | {step: ids for _, step, ids in resumed.seen}
+    assert {step: stored(ranks[0]) for step, ranks in recorded.items()} == {
+        step: sorted(ids) for step, ids in trained.items()
+    }
+    # One object a write: every checkpoint of both runs and the end of each fit.
+    names = [info.path for info in s3_server.filesystem().get_file_info(FileSelector(folder[5:]))]
+    assert len(names) > 4 and all(name.split("/")[-1].startswith("rank-0.") for name in names)

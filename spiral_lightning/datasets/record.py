@@ -23,11 +23,13 @@ import numpy as np
 
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import State
+from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.planning.delivered import Ranges, rows_between
 from spiral_lightning.planning.policies import Shuffled, window_key
+from spiral_lightning.sources.record_files import RecordFiles, check_reachable, read_ranks
 
 #: The version of the lines a record holds.
 RECORD_FORMAT = 1
@@ -62,12 +64,10 @@ def decoded(line: Mapping[str, Any]) -> list[tuple[int, int, int]]:
     return list(zip(splits.tolist(), starts.tolist(), (starts + columns[2]).tolist(), strict=True))
 
 
-def check_recordable(dataset: Any, folder: str | Path) -> None:
+def check_recordable(dataset: Any, folder: str | Path, options: StorageOptions | None = None) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
-    rows or a ``PackedDataset`` read without a filter (a kind that batches otherwise, or a filter,
-    makes a batch's stored rows more than its cursors tell), into a local folder."""
-    if "://" in str(folder):
-        raise ValueError(f"record= takes a local folder; a record in an object store ({folder!r}) is not built yet")
+    rows, a ``PackedDataset`` or a ``Mixture`` read without a filter (a kind that batches
+    otherwise, or a filter, makes a batch's stored rows more than its cursors tell)."""
     tables = dataset.tables if type(dataset) is Mixture else [dataset]
     if any(type(table) not in (TableDataset, PackedDataset) or table.spec.filter is not None for table in tables):
         kind = type(dataset).__name__
@@ -76,6 +76,7 @@ def check_recordable(dataset: Any, folder: str | Path) -> None:
             f"filter, not for {'a filtered table' if kind in ('TableDataset', 'PackedDataset', 'Mixture') else kind}; "
             "a record of windows, token budgets, map access and filtered tables is not built yet: leave record unset"
         )
+    check_reachable(str(folder), options)
 
 
 class StepRecord:
@@ -88,11 +89,12 @@ class StepRecord:
         record.flush()
     """
 
-    def __init__(self, folder: str | Path, dataset: Any, rank: int, from_step: int) -> None:
-        check_recordable(dataset, folder)
+    def __init__(
+        self, folder: str | Path, dataset: Any, rank: int, from_step: int, options: StorageOptions | None = None
+    ) -> None:
+        check_recordable(dataset, folder, options)
         self.dataset: TableDataset | Mixture = dataset
-        self.path = Path(folder) / f"rank-{rank}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.files = RecordFiles(str(folder), rank, options)
         header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
         if isinstance(dataset, Mixture):
             header["versions"] = [table.spec.version for table in dataset.tables]
@@ -174,10 +176,9 @@ class StepRecord:
         return rows_between(items, None if before is None else before.cursor, cursor, window, key)
 
     def flush(self) -> None:
-        """Append the lines noted since the last flush to the rank's file."""
+        """Write the lines noted since the last flush after the rank's record."""
         if self._lines:
-            with self.path.open("a") as file:
-                file.write("".join(f"{line}\n" for line in self._lines))
+            self.files.write("".join(f"{line}\n" for line in self._lines))
             self._lines = []
 
 
@@ -209,22 +210,27 @@ def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
     return State.from_dict(state["table"], check_digest=False), bool(state["offset"])
 
 
-def rows(record: str | Path, steps: Iterable[int] | None = None) -> dict[int, dict[int, list[tuple[int, ...]]]]:
+def rows(
+    record: str | Path, steps: Iterable[int] | None = None, storage_options: StorageOptions | None = None
+) -> dict[int, dict[int, list[tuple[int, ...]]]]:
     """Which stored rows each of ``steps`` (every recorded step when ``None``) trained on, by
     rank: ``{step: {rank: [(split, start, end), ...]}}``, from the record folder ``record``; a
     ``Mixture``'s step names its table first, ``(table, split, start, end)`` (the header's
     ``versions`` holds each table's version). A step whose batch was skipped is left out, as is
-    one no rank recorded."""
+    one no rank recorded. ``record`` is a folder or an object-store uri (reached with
+    ``storage_options`` and the environment)."""
     wanted = None if steps is None else set(steps)
     found: dict[int, dict[int, list[tuple[int, ...]]]] = {}
-    for path in sorted(Path(record).glob("rank-*.jsonl")):
+    for owner, content in read_ranks(str(record), storage_options).items():
         kept: dict[int, list[tuple[int, ...]] | None] = {}
         rank = -1
-        for number, text in enumerate(path.read_text().splitlines(), 1):
+        for number, text in enumerate(content.splitlines(), 1):
             line = json.loads(text)
             if "from_step" in line:
                 if line.get("format") != RECORD_FORMAT:
-                    raise ValueError(f"{path}, line {number}: unknown record format {line.get('format')!r}")
+                    raise ValueError(
+                        f"{record}, rank {owner}, line {number}: unknown record format {line.get('format')!r}"
+                    )
                 rank = int(line["rank"])
                 kept = {step: ranges for step, ranges in kept.items() if step < line["from_step"]}
                 continue
