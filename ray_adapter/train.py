@@ -103,10 +103,9 @@ def train_loader(
     ``(table, weight)`` pairs reads a ``Mixture`` of them (``stop`` and ``table_key`` as there),
     and ``windows`` a ``WindowDataset`` of the table; such kinds count their own batches, so with
     ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
-    ``tokens`` reads batches of whole documents sized by a token budget (a ``TokenBatchDataset``,
-    which counts its own batches too; it resumes under the saved world size and workers only).
-    ``record`` (a folder) notes the stored rows of each batch by the rank's step, its batches
-    since the run began (``spiral_lightning.record``; ``save_loader_state`` writes the notes).
+    ``tokens`` batches whole documents by a token budget (a ``TokenBatchDataset``, resumed under
+    the saved ranks and workers only); ``record`` (a folder or uri) notes each batch's stored rows
+    at the rank's step, its batches since the run began (``spiral_lightning.record``).
     ``access="map"`` reads rows by index, drawn by a sampler that shuffles the table with ``seed``
     and the epoch (``map_train.MapLoader``: set its epoch with ``loader.set_epoch``).
 
@@ -148,6 +147,10 @@ def train_loader(
     }
     broadcast = torch_broadcast if distributed() else None
     if access == "map":
+        if record is not None:
+            raise ValueError(
+                "record= notes the rows of iterable kinds; access='map' is not recorded yet: leave it unset"
+            )
         if packing is not None or windows is not None or not isinstance(spec, TableSpec | str) or batch_size is None:
             raise ValueError(
                 "access='map' reads one table's rows by index in batches of batch_size: leave packing, windows and "
@@ -155,12 +158,11 @@ def train_loader(
             )
         mapped = TableMapDataset(pinned(as_spec(spec, storage_options), rank, broadcast), read_threads=read_threads)
         training = MapTraining(mapped, rank=rank, world_size=world_size, seed=seed, batch_size=batch_size, last=last)
-        made: dict[str, Any] = {"num_workers": num_workers or 0, "pin_memory": pin_memory}
-        if num_workers:
-            made["multiprocessing_context"] = multiprocessing_context
+        context = {"multiprocessing_context": multiprocessing_context} if num_workers else {}
         with without_set_vital_warning():
-            map_loader = MapLoader(mapped, training, **made)
-        return _restored(map_loader, resume)
+            return _restored(
+                MapLoader(mapped, training, num_workers=num_workers or 0, pin_memory=pin_memory, **context), resume
+            )
     if tokens is not None:
         if packing is not None or windows is not None or not isinstance(spec, TableSpec | str):
             raise ValueError("tokens= batches one table's documents: leave packing and windows unset, give one table")
