@@ -348,6 +348,25 @@ def test_train_loader_packs_blocks_and_resumes_them_under_another_world_size(
     check_re_planned(lengths, before, after, saved=2, new_consumers=1)
 
 
+def saved_and_resumed(
+    loader: Callable[[int, int, Path | None], Any], delivered: Callable[[Any], list[Any]], stop: int, saved: Path
+) -> tuple[list[list[Any]], list[list[Any]]]:
+    """Each of two ranks' uninterrupted epoch, and what each delivered in its first ``stop``
+    batches before saving its state into ``saved``; checks that under the saved layout each rank
+    then goes on with the rest of its uninterrupted epoch. ``loader(rank, world_size, checkpoint)``
+    makes a rank's loader, ``delivered`` lists what batches delivered."""
+    whole = [delivered(loader(rank, 2, None)) for rank in range(2)]
+    before = []
+    for rank in range(2):
+        saving = loader(rank, 2, None)
+        reading = iter(saving)
+        before.append(delivered([next(reading) for _ in range(stop)]))
+        save_loader_state(saving, saved)
+    for rank in range(2):
+        assert before[rank] + delivered(loader(rank, 2, saved)) == whole[rank], rank
+    return whole, before
+
+
 @pytest.mark.parametrize("kind", ["mixture", "windows"])
 def test_train_loader_reads_a_mixture_and_windows_and_resumes_them(
     make_table: Callable[..., TableSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
@@ -372,16 +391,7 @@ def test_train_loader_reads_a_mixture_and_windows_and_resumes_them(
             return [(int(batch["table"]), batch["id"].tolist()) for batch in batches]
         return [tuple(window) for batch in batches for window in batch["id"].tolist()]
 
-    whole = [rows_of(loader(rank, 2, None)) for rank in range(2)]
-    before = []
-    for rank in range(2):
-        saving = loader(rank, 2, None)
-        reading = iter(saving)
-        before.append(rows_of([next(reading) for _ in range(3)]))
-        save_loader_state(saving, saved)
-    # Under the saved layout each rank goes on with its uninterrupted epoch.
-    for rank in range(2):
-        assert before[rank] + rows_of(loader(rank, 2, saved)) == whole[rank], rank
+    whole, before = saved_and_resumed(loader, rows_of, 3, saved)
     # One rank re-plans what neither had delivered: no row (window) of a table twice.
     after = rows_of(loader(0, 1, saved))
     delivered = before[0] + before[1] + after
@@ -413,16 +423,8 @@ def test_train_loader_reads_by_index_and_resumes_under_the_saved_and_another_wor
         return [row for batch in batches for row in batch["id"].tolist()]
 
     # The sampler's order: two ranks deal a shuffle of the 701 rows, one row left out for equal ranks.
-    whole = [ids(loader(rank, 2, None)) for rank in range(2)]
+    whole, before = saved_and_resumed(loader, ids, 4, saved)
     assert len(whole[0]) == len(whole[1]) == 350 and len(set(whole[0] + whole[1])) == 700
-    before = []
-    for rank in range(2):
-        saving = loader(rank, 2, None)
-        reading = iter(saving)
-        before.append(ids([next(reading) for _ in range(4)]))
-        save_loader_state(saving, saved)
-    for rank in range(2):
-        assert before[rank] + ids(loader(rank, 2, saved)) == whole[rank]
     # One rank in batches of 30: every row neither rank delivered, each once.
     after = ids(loader(0, 1, saved, batch_size=30))
     assert sorted(before[0] + before[1] + after) == sorted(whole[0] + whole[1])
