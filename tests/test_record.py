@@ -30,7 +30,7 @@ def fit(root: Path, spec: TableSpec, ckpt_path: Path | None, **settings: Any) ->
     """Two epochs of 20 batches of 50 rows, a checkpoint every 5 steps, the record in ``root/record``
     unless ``settings`` name another."""
     model = Recorder()
-    data = SpiralDataModule(spec, batch_size=50, **{"record": str(root.parent / "record"), **settings})
+    data = SpiralDataModule(spec, **{"batch_size": 50, "record": str(root.parent / "record"), **settings})
     saves = ModelCheckpoint(root, "{step}", every_n_train_steps=5, save_top_k=-1)
     settings: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
     pl.Trainer(max_epochs=2, callbacks=[saves], default_root_dir=root, **settings).fit(
@@ -171,3 +171,29 @@ def test_a_record_in_an_object_store_reads_back_through_a_resume(
     # One object a write: every checkpoint of both runs and the end of each fit.
     names = [info.path for info in s3_server.filesystem().get_file_info(FileSelector(folder[5:]))]
     assert len(names) > 4 and all(name.split("/")[-1].startswith("rank-0.") for name in names)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_record_names_the_rows_of_each_map_access_step_through_a_resume_in_other_batches(
+    make_table: Callable[..., TableSpec], tmp_path: Path, workers: int
+) -> None:
+    spec = make_table([1000], columns=["id", "x"])
+    first = fit(tmp_path / "first", spec, None, num_workers=workers, access="map")
+    # Resumed in batches of 40: the rest of epoch 0 re-planned, then epoch 1 as the sampler deals it.
+    resumed = fit(
+        tmp_path / "resumed",
+        spec,
+        tmp_path / "first" / "step=10.ckpt",
+        num_workers=workers,
+        access="map",
+        batch_size=40,
+    )
+    recorded = rows(tmp_path / "record")
+    trained = {step: ids for _, step, ids in first.seen if step < 10} | {step: ids for _, step, ids in resumed.seen}
+    assert {step: stored(ranks[0]) for step, ranks in recorded.items()} == {
+        step: sorted(ids) for step, ids in trained.items()
+    }
+    # Epoch 0 read every row once: 10 batches of 50 before the stop, the other 500 after it.
+    epoch_0 = [row for _, step, ids in first.seen if step < 10 for row in ids]
+    epoch_0 += [row for epoch, _, ids in resumed.seen if epoch == 0 for row in ids]
+    assert sorted(epoch_0) == list(range(1000))

@@ -85,6 +85,8 @@ class TableMapDataset(Dataset[Any]):
     ) -> None:
         check_read_threads(read_threads)
         self.spec = with_selection(as_spec(spec, storage_options), columns, filter).resolve()
+        #: The exact version ``spec`` names.
+        self.version = self.spec.version
         if self.spec.media and self.spec.on_error != "raise":
             raise ValueError(
                 f"on_error={self.spec.on_error!r} drops rows that do not decode, but a TableMapDataset must "
@@ -157,6 +159,20 @@ class TableMapDataset(Dataset[Any]):
             counts = source.count(stripe(source.splits, Shard()))
             self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
         return self._ends
+
+    def ranges(self, indices: Sequence[int]) -> np.ndarray:
+        """The stored rows of ``indices`` (row numbers of the table, read without a filter) as
+        ``[split, start, end]`` ranges in index order, consecutive rows of a split in one range."""
+        wanted = np.asarray(indices, dtype=np.int64)
+        ends = self._split_ends()
+        split = np.searchsorted(ends, wanted, side="right")
+        row = wanted - np.concatenate(([0], ends))[split]
+        breaks = np.flatnonzero((np.diff(split) != 0) | (np.diff(row) != 1)) + 1
+        starts = np.concatenate(([0], breaks)).astype(np.int64)
+        lengths = np.diff(np.concatenate((starts, [wanted.size])))
+        if not wanted.size:
+            return np.zeros((0, 3), dtype=np.int64)
+        return np.stack([split[starts], row[starts], row[starts] + lengths], axis=1)
 
     def __len__(self) -> int:
         ends = self._split_ends()

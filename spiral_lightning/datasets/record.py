@@ -24,6 +24,7 @@ import numpy as np
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import State
 from spiral_lightning.core.storage import StorageOptions
+from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
@@ -66,15 +67,17 @@ def decoded(line: Mapping[str, Any]) -> list[tuple[int, int, int]]:
 
 def check_recordable(dataset: Any, folder: str | Path, options: StorageOptions | None = None) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
-    rows, a ``PackedDataset`` or a ``Mixture`` read without a filter (a kind that batches
-    otherwise, or a filter, makes a batch's stored rows more than its cursors tell)."""
+    rows, a ``PackedDataset``, a ``Mixture`` of them or a ``TableMapDataset``, read without a filter
+    (a kind that batches otherwise, or a filter, makes a batch's stored rows more than its cursors
+    tell), in a folder or object store that can be reached."""
     tables = dataset.tables if type(dataset) is Mixture else [dataset]
-    if any(type(table) not in (TableDataset, PackedDataset) or table.spec.filter is not None for table in tables):
-        kind = type(dataset).__name__
+    kinds = (TableDataset, PackedDataset, TableMapDataset)
+    if any(type(table) not in kinds or table.spec.filter is not None for table in tables):
+        kind = type(dataset)
         raise ValueError(
-            "record= notes the stored rows of each step for a TableDataset, PackedDataset or Mixture read without a "
-            f"filter, not for {'a filtered table' if kind in ('TableDataset', 'PackedDataset', 'Mixture') else kind}; "
-            "a record of windows, token budgets, map access and filtered tables is not built yet: leave record unset"
+            "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture or map access read "
+            f"without a filter, not for {'a filtered table' if kind in (*kinds, Mixture) else kind.__name__}; a "
+            "record of windows, token budgets and filtered tables is not built yet: leave record unset"
         )
     check_reachable(str(folder), options)
 
@@ -140,10 +143,15 @@ class StepRecord:
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[key], self._states[key] = mark, after
-        line: dict[str, Any] = {"step": step, "epoch": after.epoch}
-        if key[1] is not None:
-            line["table"] = key[1]
-        line |= encoded(self._rows(key[1], before, after, partly))
+        self.note_rows(step, after.epoch, self._rows(key[1], before, after, partly), skipped, key[1])
+
+    def note_rows(self, step: int, epoch: int, ranges: Ranges, skipped: bool = False, table: int | None = None) -> None:
+        """Note the batch of ``step`` in ``epoch`` by its stored rows ``ranges`` (of mixture table
+        ``table``): what a loader that knows its batches' rows (``access="map"``) notes directly."""
+        line: dict[str, Any] = {"step": step, "epoch": epoch}
+        if table is not None:
+            line["table"] = table
+        line |= encoded(ranges)
         if skipped:
             line["skipped"] = True
         self._lines.append(json.dumps(line, separators=(",", ":")))

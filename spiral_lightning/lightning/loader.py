@@ -22,6 +22,7 @@ from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
 from spiral_lightning.lightning.skips import StepSkips
+from spiral_lightning.planning.elastic_map import ReplannedSampler
 
 #: What the loader gives Lightning's fit loop in place of a position: a marker that names where
 #: the real positions live, so a checkpoint never holds one rank's position as if it were all.
@@ -184,7 +185,13 @@ class SpiralLoader(Loader):
         for batch in super().__iter__():
             self._yielded += 1
             skip = any(self._yielded - 1 in left for left in left_out)
-            if self.record is not None:
+            if self.record is not None and isinstance(self.sampler, ReplannedSampler):
+                # Map access: the batch's rows are the sampler's next ones, counted from a re-plan's start.
+                start = self._replanned.batches if self._replanned and self._replanned.epoch == epoch else 0
+                index, size = self._yielded - 1 - start, int(self.batch_size or 0)
+                rows = self.table.ranges(self.sampler.drawn()[index * size : (index + 1) * size])
+                self.record.note_rows(self._yielded - 1 + shift, epoch, rows, skip)
+            elif self.record is not None:
                 # In process the dataset's own state, unsealed: torchdata's sealed copy costs four times as much.
                 own = self.num_workers == 0 and type(self.table) is TableDataset
                 states = [self.table.state_of(self.table.shard())] if own else consumer_states(super().state_dict())

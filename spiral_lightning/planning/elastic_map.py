@@ -126,6 +126,16 @@ class ReplannedSampler(StatefulDistributedSampler):  # type: ignore[misc]  # tor
         self._share = dealt(remainder, self.num_replicas)[self.rank]
         return int(remainder.size - self._share.size * self.num_replicas)
 
+    def drawn(self) -> np.ndarray:
+        """This rank's row numbers of the epoch set, in the order it reads them: its share of a
+        re-planned remainder, or its deal of the epoch's permutation (as the sampler draws it)."""
+        share = self._replanned()
+        if share is not None:
+            return share
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return dealt(torch.randperm(len(self.dataset), generator=generator).numpy(), self.num_replicas)[self.rank]
+
     def _replanned(self) -> np.ndarray | None:
         """This rank's share of the remainder while its epoch is read, else ``None``."""
         if self.lineage is None or self.lineage.epoch != self.epoch:

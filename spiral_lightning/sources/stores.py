@@ -96,7 +96,7 @@ def locate(target: str, options: StorageOptions | None = None) -> Location:
         )
     if kind == "local":
         return Location(kind, path, _local())
-    return Location(kind, path, _filesystem(kind, options, account))
+    return Location(kind, path, _filesystem(kind, options, account, _environment(kind)))
 
 
 @functools.cache
@@ -104,9 +104,23 @@ def _local() -> pafs.LocalFileSystem:
     return pafs.LocalFileSystem()
 
 
+#: The prefixes of the environment variables each kind of store reads what its options leave out from.
+_ENVIRONMENT = {"s3": ("AWS_",), "gcs": ("GOOGLE_", "GCS_"), "azure": ("AZURE_",)}
+
+
+def _environment(kind: str) -> tuple[tuple[str, str], ...]:
+    """The environment variables a ``kind`` store may read, so that a filesystem made before
+    they changed is not reused after."""
+    prefixes = _ENVIRONMENT.get(kind, ())
+    return tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith(prefixes)))
+
+
 @functools.lru_cache(maxsize=64)
-def _filesystem(kind: str, options: StorageOptions, account: str | None) -> pafs.FileSystem:
-    """The filesystem of a store, built once per process for each set of options."""
+def _filesystem(
+    kind: str, options: StorageOptions, account: str | None, environment: tuple[tuple[str, str], ...]
+) -> pafs.FileSystem:
+    """The filesystem of a store, built once per process for each set of options and of the
+    ``environment`` it reads."""
     if kind == "s3":
         return _s3(options)
     if kind == "gcs":
