@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ray_adapter.files import FINISHED, STATE_FILES, STATE_FORMAT
+from spiral_lightning.core.integrity import damaged, intact
 from spiral_lightning.datasets.loader import Loader
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.lightning.map_access import MapTraining
@@ -99,6 +100,8 @@ def restore_map(loader: MapLoader, folder: str | Path) -> None:
     for state in states:
         if not isinstance(state, Mapping) or state.get("access") != "map" or "position" not in state:
             raise ValueError(f"{str(folder)!r} holds loader states not saved by an access='map' train_loader")
+        if not intact(state):
+            raise damaged("Ray loader", f"rank {state.get('rank')!r} in {str(folder)!r}")
         if state["version"] != loader.dataset.spec.version:
             raise ValueError(
                 f"cannot resume rank {sampler.rank}: the checkpoint read version {state['version']}, this run reads "
@@ -106,6 +109,8 @@ def restore_map(loader: MapLoader, folder: str | Path) -> None:
             )
     if not states:
         raise FileNotFoundError(f"the checkpoint {str(folder)!r} holds no loader state; save it with save_loader_state")
+    # In rank order: a re-plan deals what each rank delivered by its place (rank 10 sorts before 2 by name).
+    states.sort(key=lambda state: int(state["rank"]))
     first = states[0]
     if (first["world_size"], first["batch_size"]) != (sampler.num_replicas, loader.training.batch_size) or any(
         "lineage" in state for state in states
