@@ -5,6 +5,7 @@ real StatefulDataLoader."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -305,3 +306,11 @@ def test_new_weights_on_resume_shape_the_rows_after_the_stop_and_lose_none(
     last = mixture((1, 3))
     last.load_state_dict(again.state_dict())
     assert middle + delivered(last) == after
+
+
+def test_a_collate_of_numpy_columns_keeps_the_proportions(make_table: Callable[..., TableSpec]) -> None:
+    # The turn rule counts each batch's rows, whatever its collate makes of them.
+    pairs = [(make_table([3000], columns=["id"]), 3.0), (make_table([3000], seed=1, columns=["id"]), 1.0)]
+    mixture = Mixture(pairs, batch_size=10, table_key="table", collate=lambda batch: {"id": batch["id"].to_numpy()})
+    tables = [int(batch["table"]) for batch in itertools.islice(mixture, 400)]
+    assert tables.count(1) == pytest.approx(100, abs=2)

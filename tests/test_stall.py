@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -64,6 +66,11 @@ def test_rows_of_a_batch_is_its_first_dimension() -> None:
     assert rows_of((torch.zeros(4, 2), torch.zeros(4))) == 4
     assert rows_of({"text": ["a", "b"]}) == 2
     assert rows_of("not a batch") == 0
+    # What a Mixture's collate may make: an Arrow batch, numpy columns, a list of rows.
+    assert rows_of(pa.record_batch({"id": pa.array(range(5))})) == 5
+    assert rows_of({"id": np.arange(6), "x": np.zeros((6, 2))}) == 6
+    assert rows_of((np.zeros((3, 2)), np.zeros(3))) == 3
+    assert rows_of([{"id": 0}, {"id": 1}]) == 2
 
 
 def slow(items: int, seconds: float) -> Iterator[dict[str, torch.Tensor]]:

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -132,16 +133,16 @@ def measures(steps: list[StepWait]) -> dict[str, float]:
 
 
 def rows_of(batch: Any) -> int:
-    """The rows of a batch: an Arrow record batch's, the first dimension of its first tensor (a
-    ``dict``'s values, a tuple's or list's items, searched in order), the length of a ``dict``'s
-    first list or of a list of rows, else 0."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
+    """The rows of a batch: an Arrow record batch's, the first dimension of its first tensor or
+    array (a ``dict``'s values, a tuple's or list's items, searched in order), the length of a
+    ``dict``'s first list or of a list of rows, else 0."""
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        return int(batch.shape[0]) if batch.ndim else 1
     if isinstance(batch, pa.RecordBatch):
         return int(batch.num_rows)
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
     for item in items:
-        if isinstance(item, torch.Tensor):
+        if isinstance(item, torch.Tensor | np.ndarray):
             return rows_of(item)
     if isinstance(batch, Mapping):
         lengths = [len(item) for item in batch.values() if isinstance(item, (list, tuple))]
