@@ -164,15 +164,20 @@ class TableMapDataset(Dataset[Any]):
         """The stored rows of ``indices`` (row numbers of the table, read without a filter) as
         ``[split, start, end]`` ranges in index order, consecutive rows of a split in one range."""
         wanted = np.asarray(indices, dtype=np.int64)
-        ends = self._split_ends()
-        split = np.searchsorted(ends, wanted, side="right")
-        row = wanted - np.concatenate(([0], ends))[split]
+        if not wanted.size:
+            return np.zeros((0, 3), dtype=np.int64)
+        split, row = self._located(wanted)
         breaks = np.flatnonzero((np.diff(split) != 0) | (np.diff(row) != 1)) + 1
         starts = np.concatenate(([0], breaks)).astype(np.int64)
         lengths = np.diff(np.concatenate((starts, [wanted.size])))
-        if not wanted.size:
-            return np.zeros((0, 3), dtype=np.int64)
         return np.stack([split[starts], row[starts], row[starts] + lengths], axis=1)
+
+    def _located(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The split that holds each of the row numbers ``wanted``, and its row there."""
+        ends = self._split_ends()
+        # The vectorized bisect: the first split whose end lies past the index holds it.
+        split = np.searchsorted(ends, wanted, side="right")
+        return split, wanted - np.concatenate(([0], ends))[split]
 
     def __len__(self) -> int:
         ends = self._split_ends()
@@ -195,10 +200,7 @@ class TableMapDataset(Dataset[Any]):
         if not wanted.size:
             return []
         source = self.source()
-        ends = self._split_ends()
-        # The vectorized bisect: the first split whose end lies past the index holds it.
-        held_by = np.searchsorted(ends, wanted, side="right")
-        positions = wanted - np.concatenate(([0], ends))[held_by]
+        held_by, positions = self._located(wanted)
         order = np.argsort(held_by, kind="stable")
         first_of_run = np.flatnonzero(np.diff(held_by[order], prepend=-1))
         takes = [

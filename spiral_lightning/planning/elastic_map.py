@@ -36,6 +36,15 @@ class MapLink(NamedTuple):
     delivered: tuple[int, ...]
 
 
+def permutation(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of ``rows`` row numbers that ``StatefulDistributedSampler`` draws in ``epoch``
+    with ``seed`` (``torch.randperm`` seeded with ``seed + epoch``), as int64 indices."""
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    indices: np.ndarray = torch.randperm(rows, generator=generator).numpy()
+    return indices
+
+
 def dealt(indices: np.ndarray, world_size: int) -> list[np.ndarray]:
     """Each of ``world_size`` ranks' share of ``indices``, as ``DistributedSampler(drop_last=
     world_size > 1)`` deals them: cut to a multiple of the ranks, then every ``world_size``-th."""
@@ -61,10 +70,7 @@ class MapLineage(Lineage):
 
     def remainder(self) -> np.ndarray:
         """The indices no rank of the last link delivered, rank after rank."""
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        # The permutation StatefulDistributedSampler draws, as int64 indices.
-        indices: np.ndarray = torch.randperm(self.rows, generator=generator).numpy()
+        indices = permutation(self.rows, self.seed, self.epoch)
         for link in self.links:
             lists = dealt(indices, link.world_size)
             indices = np.concatenate(
@@ -132,9 +138,7 @@ class ReplannedSampler(StatefulDistributedSampler):  # type: ignore[misc]  # tor
         share = self._replanned()
         if share is not None:
             return share
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        return dealt(torch.randperm(len(self.dataset), generator=generator).numpy(), self.num_replicas)[self.rank]
+        return dealt(permutation(len(self.dataset), self.seed, self.epoch), self.num_replicas)[self.rank]
 
     def _replanned(self) -> np.ndarray | None:
         """This rank's share of the remainder while its epoch is read, else ``None``."""
