@@ -371,8 +371,9 @@ class Mixture(IterableDataset[Any]):
         shard = self.shard()
         self._begun = self.epoch
         self._progress = list(resume.tables) if resume is not None else self._first_progress(shard)
-        self._chooser = self._first_chooser(shard)
-        if resume is not None:
+        if resume is None:
+            self._chooser = self._first_chooser(shard)
+        else:
             step = resume.next_step
             weights = self._weights_at(step)
             since = [t.rows for t in resume.tables] if resume.weights != weights else list(resume.since)

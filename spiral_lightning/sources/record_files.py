@@ -37,15 +37,13 @@ class RecordFiles:
         """Add ``text`` (whole lines) after what the rank's record holds."""
         where = self.location
         if not where.remote:
-            with (Path(where.path) / f"rank-{self.rank}.jsonl").open("a") as file:
+            with (Path(where.path) / _name(self.rank, None)).open("a") as file:
                 file.write(text)
             return
         if self._next is None:
-            parts = [int(part) for rank, part in _names(where.filesystem, where.path, _PART) if rank == self.rank]
+            parts = [part for rank, part in _names(where.filesystem, where.path, _PART) if rank == self.rank]
             self._next = max(parts, default=-1) + 1
-        with where.filesystem.open_output_stream(
-            f"{where.path.rstrip('/')}/rank-{self.rank}.{self._next:06d}.jsonl"
-        ) as out:
+        with where.filesystem.open_output_stream(f"{where.path.rstrip('/')}/{_name(self.rank, self._next)}") as out:
             out.write(text.encode())
         self._next += 1
 
@@ -71,13 +69,17 @@ def read_ranks(folder: str, options: StorageOptions | None = None) -> dict[int, 
     pattern = _PART if where.remote else _FILE
     found: dict[int, list[tuple[int, str]]] = {}
     for rank, part in _names(where.filesystem, where.path, pattern):
-        name = f"rank-{rank}.{part:06d}.jsonl" if where.remote else f"rank-{rank}.jsonl"
-        found.setdefault(rank, []).append((part, name))
+        found.setdefault(rank, []).append((part, _name(rank, part if where.remote else None)))
     folder_path = where.path.rstrip("/")
     return {
         rank: "".join(_read(where.filesystem, f"{folder_path}/{name}") for _, name in sorted(names))
         for rank, names in sorted(found.items())
     }
+
+
+def _name(rank: int, part: int | None) -> str:
+    """The name of rank ``rank``'s local file (``part`` ``None``) or of its object ``part``."""
+    return f"rank-{rank}.jsonl" if part is None else f"rank-{rank}.{part:06d}.jsonl"
 
 
 def _names(filesystem: pafs.FileSystem, folder: str, pattern: re.Pattern[str]) -> list[tuple[int, int]]:
