@@ -59,8 +59,9 @@ _log = logging.getLogger(__name__)
 #: What ``_CountedLoader._limited`` gets from a finished iteration.
 _NONE = object()
 
-#: The datasets ``train_loader`` reads: rows (plain or packed), a mixture, or windows.
-Counted = TableDataset | Mixture | WindowDataset | TokenBatchDataset
+#: The iterable datasets ``train_loader`` reads: rows (plain or packed), a mixture, windows or
+#: token budgets (``access="map"`` reads through ``map_train.MapLoader``).
+Streamed = TableDataset | Mixture | WindowDataset | TokenBatchDataset
 
 
 def train_loader(
@@ -131,6 +132,11 @@ def train_loader(
             "train_loader takes batch_size (rows, blocks or windows a batch), or tokens= (a TokenBudget that sizes "
             f"each batch), not both: got batch_size={batch_size!r}, tokens={tokens!r}"
         )
+    mixed = not isinstance(spec, TableSpec | str)
+    given = (("a mixture", mixed), ("packing", packing), ("windows", windows), ("tokens", tokens))
+    kinds = [kind for kind, on in given if on]
+    if len(kinds) > 1:
+        raise ValueError(f"train_loader reads one kind of dataset, but {' and '.join(kinds)} were given: choose one")
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     settings: dict[str, Any] = {
@@ -147,30 +153,18 @@ def train_loader(
     }
     broadcast = torch_broadcast if distributed() else None
     if access == "map":
-        if record is not None:
+        if kinds or not isinstance(spec, TableSpec | str) or batch_size is None or record is not None:
             raise ValueError(
-                "record= notes the rows of iterable kinds; access='map' is not recorded yet: leave it unset"
-            )
-        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str) or batch_size is None:
-            raise ValueError(
-                "access='map' reads one table's rows by index in batches of batch_size: leave packing, windows and "
-                "tokens unset, give one table"
+                "access='map' reads one table's rows by index in batches of batch_size, not recorded yet: leave "
+                f"packing, windows, tokens and record unset and give one table (given: {', '.join(kinds) or 'record'})"
             )
         mapped = TableMapDataset(pinned(as_spec(spec, storage_options), rank, broadcast), read_threads=read_threads)
         training = MapTraining(mapped, rank=rank, world_size=world_size, seed=seed, batch_size=batch_size, last=last)
-        context = {"multiprocessing_context": multiprocessing_context} if num_workers else {}
+        started = {"multiprocessing_context": multiprocessing_context} if num_workers else {}
         with without_set_vital_warning():
-            return _restored(
-                MapLoader(mapped, training, num_workers=num_workers or 0, pin_memory=pin_memory, **context), resume
-            )
-    if tokens is not None:
-        if packing is not None or windows is not None or not isinstance(spec, TableSpec | str):
-            raise ValueError("tokens= batches one table's documents: leave packing and windows unset, give one table")
-        own = {name: settings[name] for name in ("policy", "shuffle", "seed", "rank", "world_size", "read_ahead")}
-        documents = pinned(as_spec(spec, storage_options), rank, broadcast)
-        dataset: Counted = TokenBatchDataset(documents, budget=tokens, read_threads=read_threads, **own)
-    else:
-        dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, stop, table_key)
+            map_loader = MapLoader(mapped, training, num_workers=num_workers or 0, pin_memory=pin_memory, **started)
+        return _restored(map_loader, resume)
+    dataset = _dataset(spec, settings, storage_options, broadcast, collate, packing, windows, tokens, stop, table_key)
     num_workers = workers_for(dataset, num_workers)
     for table in tables_of(dataset):
         table.check_shares(num_workers)
@@ -206,14 +200,13 @@ def _dataset(
     collate: Callable[[pa.RecordBatch], Any] | None,
     packing: Packing | None,
     windows: Windows | None,
+    tokens: TokenBudget | None,
     stop: Stop,
     table_key: str | None,
-) -> Counted:
-    """The dataset ``train_loader`` reads for this rank (see there), every table pinned."""
+) -> Streamed:
+    """The dataset ``train_loader`` reads for this rank (one kind, see there), every table pinned."""
     rank = settings["rank"]
     if not isinstance(spec, TableSpec | str):
-        if packing is not None or windows is not None:
-            raise ValueError("a mixture of tables is read in rows: leave packing and windows unset with it")
         pairs = [(pinned(as_spec(table, storage_options), rank, broadcast), weight) for table, weight in spec]
         mixed = {name: settings[name] for name in ("batch_size", "policy", "shuffle", "seed", "rank", "world_size")}
         return Mixture(
@@ -221,10 +214,11 @@ def _dataset(
         )
     table = pinned(as_spec(spec, storage_options), rank, broadcast)
     if windows is not None:
-        if packing is not None:
-            raise ValueError("windows and packing are two kinds of train dataset: give one of them")
         own = {name: settings[name] for name in ("batch_size", "last", "rank", "world_size", "read_ahead")}
         return WindowDataset(table, windows=windows, policy=settings["policy"] or stripe, collate=collate, **own)
+    if tokens is not None:
+        own = {name: settings[name] for name in ("policy", "shuffle", "seed", "rank", "world_size", "read_ahead")}
+        return TokenBatchDataset(table, budget=tokens, read_threads=settings["read_threads"], **own)
     if packing is not None:
         layout: dict[str, Any] = {"column": packing.column, "length": packing.length, "separator": packing.separator}
         return PackedDataset(table, **layout, **settings)
@@ -248,7 +242,7 @@ class _CountedLoader(_Recorded):
     that synchronize every step stay in step. ``delivered`` counts the epoch's batches yielded;
     ``save_loader_state`` keeps it, and ``resume_at`` restores it."""
 
-    def __init__(self, dataset: Counted, *, even: bool, **options: Any) -> None:
+    def __init__(self, dataset: Streamed, *, even: bool, **options: Any) -> None:
         super().__init__(dataset, **options)
         self.even = even
         self.delivered = 0
@@ -325,10 +319,9 @@ def save_loader_state(loader: StatefulDataLoader, folder: str | Path) -> Path:
     if lineage is not None and shard.rank == 0:
         # Once per checkpoint, in rank 0's file: every consumer's state names it by digest.
         state["lineage"] = lineage
-    recording = getattr(loader, "recording", None)
-    if recording is not None:
-        recording.flush()
-        state["step"] = recording.step
+    if isinstance(loader, _Recorded) and loader.recording is not None:
+        loader.recording.flush()
+        state["step"] = loader.recording.step
     return _save(state, folder)
 
 
@@ -387,7 +380,7 @@ def restore_loader_state(loader: StatefulDataLoader, folder: str | Path) -> None
         loader.resume_at(state["epoch"], int(state.get("batches", 0)))
 
 
-def _replan(dataset: Counted, num_workers: int, paths: list[Path]) -> None:
+def _replan(dataset: Streamed, num_workers: int, paths: list[Path]) -> None:
     """Share what the ranks that wrote ``paths`` had not delivered among this run's consumers."""
     states = [torch.load(path, weights_only=True) for path in paths]
     for path, state in zip(paths, states, strict=True):
@@ -402,7 +395,7 @@ def _replan(dataset: Counted, num_workers: int, paths: list[Path]) -> None:
     )
 
 
-def _check(state: Mapping[str, Any], dataset: Counted, num_workers: int, path: Path, *, layout: bool = True) -> None:
+def _check(state: Mapping[str, Any], dataset: Streamed, num_workers: int, path: Path, *, layout: bool = True) -> None:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{str(path)!r} is not a loader state written by save_loader_state (format {STATE_FORMAT})")
     missing = sorted({"version", "rank", "world_size", "num_workers", "batch_size", "epoch", "loader"} - state.keys())
@@ -433,12 +426,12 @@ def _check(state: Mapping[str, Any], dataset: Counted, num_workers: int, path: P
         )
 
 
-def _batch_size(dataset: Counted) -> int | None:
+def _batch_size(dataset: Streamed) -> int | None:
     """The rows (blocks, windows) of a batch; ``None`` for token budgets, which have none."""
     return None if isinstance(dataset, TokenBatchDataset) else dataset.batch_size
 
 
-def _table(loader: StatefulDataLoader) -> Counted:
+def _table(loader: StatefulDataLoader) -> Streamed:
     # A Loader's dataset may be the Grouped that reads it in groups; its table is the dataset.
     dataset = getattr(loader, "table", loader.dataset)
     if not isinstance(dataset, TableDataset | Mixture | WindowDataset | TokenBatchDataset):

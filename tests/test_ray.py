@@ -496,3 +496,21 @@ def test_train_loader_records_each_steps_rows_through_a_resume(
             if rank in ranks
         }
         assert noted == {step: sorted(ids) for step, ids in trained[rank].items()}, rank
+
+
+def test_train_loader_refuses_two_kinds_at_once_before_reading(
+    make_table: Callable[..., TableSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = make_table([50], columns=["id"])
+    monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, 0, 1))
+    budget = TokenBudget("tokens", max_tokens=64)
+    with pytest.raises(ValueError, match="reads one kind of dataset, but packing and windows were given"):
+        train_loader(spec, batch_size=8, packing=Packing("tokens", 8), windows=Windows(2))
+    with pytest.raises(ValueError, match="but a mixture and windows were given"):
+        train_loader([(spec, 1.0)], batch_size=8, windows=Windows(2))
+    with pytest.raises(ValueError, match=r"access='map' reads one table's rows .* \(given: tokens\)"):
+        train_loader(spec, tokens=budget, access="map")
+    with pytest.raises(ValueError, match=r"\(given: record\)"):
+        train_loader(spec, batch_size=8, access="map", record="unused")
+    with pytest.raises(ValueError, match=r"takes batch_size .* or tokens= .* not both"):
+        train_loader(spec, batch_size=8, tokens=budget)
