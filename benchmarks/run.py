@@ -94,6 +94,19 @@ BENCHMARKS = [
         ],
     ),
     Benchmark(
+        "handoff",
+        ["--rows", "1000000", "--repeats", "3"],
+        [
+            Target("`loader(num_workers=2)` >= 0.6x in process at 256 rows", r"^256$", "2 workers / in process", 0.6),
+            Target(
+                "`loader(num_workers=2)` >= 0.9x in process at 1024 and 4096 rows",
+                r"^(1,024|4,096)$",
+                "2 workers / in process",
+                0.9,
+            ),
+        ],
+    ),
+    Benchmark(
         "parquet_read",
         ["--rows", "1000000", "--repeats", "2"],
         [Target("TableDataset on Parquet >= 0.9x raw pyarrow scan", r"^`TableDataset`$", "/ raw", 0.9)],

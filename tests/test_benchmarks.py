@@ -114,3 +114,11 @@ def test_the_peers_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
     # The skipped peers still have their rows, saying so.
     assert sum(rate == "skipped (`--skip`)" for rate in paths.values()) == 5
     assert "no result (Lance did not run)" in done.stdout
+
+
+def test_the_handoff_benchmark_runs_and_prints_every_batch_size(tmp_path: Path) -> None:
+    done = run_benchmark("handoff", ["--rows", "20000", "--repeats", "1", "--root", str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert [row[0] for row in rows] == ["| 256", "| 1,024", "| 4,096"]
+    assert all(len(row) == 6 and row[-1].endswith("x |") for row in rows)

@@ -4,11 +4,18 @@ exactly where it was, in the same order as a run that never stopped."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
+import torch
 
-from spiral_lightning import PackedDataset, TableDataset, TableSpec
-from spiral_lightning.datasets.groups import GROUP_LEFT, MOST_GROUPED, Grouped, group_size
+from spiral_lightning import PackedDataset, TableDataset, TableSpec, write_table
+from spiral_lightning.datasets.groups import GROUP_BYTES, GROUP_LEFT, GROUP_ROWS, MOST_GROUPED, Grouped, group_size
+from spiral_lightning.reading.tensors import NullError
 
 
 def test_small_batches_are_grouped_and_large_ones_and_token_blocks_are_not(
@@ -16,8 +23,8 @@ def test_small_batches_are_grouped_and_large_ones_and_token_blocks_are_not(
 ) -> None:
     spec = make_table([100])
     assert group_size(TableDataset(spec, batch_size=10)) == MOST_GROUPED
-    assert group_size(TableDataset(spec, batch_size=1024)) == 4
-    assert group_size(TableDataset(spec, batch_size=4096)) == 1
+    assert group_size(TableDataset(spec, batch_size=1024)) == GROUP_ROWS // 1024 == 16
+    assert group_size(TableDataset(spec, batch_size=GROUP_ROWS)) == 1
     assert group_size(TableDataset(spec)) == 1  # each read batch is a batch: no size to group by
     assert PackedDataset.GROUPS is False  # its batches are blocks of tokens, not rows
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=1).dataset, Grouped)
@@ -25,13 +32,14 @@ def test_small_batches_are_grouped_and_large_ones_and_token_blocks_are_not(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", [5, 16, 23, 37, 99])
+@pytest.mark.parametrize("stop", [5, MOST_GROUPED, MOST_GROUPED + 23, 3 * MOST_GROUPED + 5, 4 * MOST_GROUPED + 7])
 def test_a_state_saved_inside_a_group_resumes_in_the_uninterrupted_order(
     make_table: Callable[..., TableSpec], stop: int
 ) -> None:
-    spec = make_table([130] * 7 + [90])
+    # Each of the 2 workers reads 133 batches of 10 rows: two full groups, then one of 5.
+    spec = make_table([665] * 4)
     whole = [batch["id"].tolist() for batch in TableDataset(spec, batch_size=10).loader(num_workers=2)]
-    assert sorted(row for batch in whole for row in batch) == list(range(1000))
+    assert sorted(row for batch in whole for row in batch) == list(range(2660))
     loader = TableDataset(spec, batch_size=10).loader(num_workers=2)
     batches = iter(loader)
     before = [next(batches)["id"].tolist() for _ in range(stop)]
@@ -45,3 +53,62 @@ def test_a_state_saved_inside_a_group_resumes_in_the_uninterrupted_order(
     assert before + after == whole
     # The next epoch of the resumed loader groups from the start again.
     assert [batch["id"].tolist() for batch in resumed] == whole
+
+
+def test_a_group_of_wide_batches_ends_at_its_bytes(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    # 100-row batches of 40 KB rows: 4 MB each, so a group ends after 4 of them, not GROUP_ROWS // 100.
+    width, rows = 10_000, 2_000
+    data = pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(rows * width, dtype=np.float32)), width),
+        }
+    )
+    spec = write_table(f"parquet:{tmp_path / 'wide'}", data, split_rows=500)
+    batch_bytes = 100 * (8 + 4 * width)
+    in_group = -(-GROUP_BYTES // batch_bytes)
+    assert in_group < group_size(TableDataset(spec, batch_size=100))
+    loader = TableDataset(spec, batch_size=100).loader(num_workers=1)
+    batches = iter(loader)
+    seen = [next(batches)]
+    assert loader.state_dict()[GROUP_LEFT] == {"worker": 0, "left": in_group - 1}
+    seen += list(batches)
+    assert torch.cat([batch["id"] for batch in seen]).tolist() == list(range(rows))
+    assert all(torch.equal(batch["v"], torch.ones(100, width)) for batch in seen)
+
+
+def same(left: Any, right: Any) -> bool:
+    """Whether two batch values are the same: tensors in dtype, shape and values, lists item by
+    item, anything else by ``==``."""
+    if isinstance(left, torch.Tensor):
+        return isinstance(right, torch.Tensor) and left.dtype == right.dtype and torch.equal(left, right)
+    if isinstance(left, list | dict):
+        items = left.items() if isinstance(left, dict) else enumerate(left)
+        return type(left) is type(right) and len(left) == len(right) and all(same(v, right[k]) for k, v in items)
+    return bool(left == right)
+
+
+def test_a_group_is_converted_at_once_and_its_batches_equal_those_read_in_process(tmp_path: Path) -> None:
+    rows = 3_000
+    generator = np.random.default_rng(1)
+    offsets = np.concatenate(([0], np.cumsum(generator.integers(0, 6, rows)))).astype(np.int32)
+    data = pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "x": pa.array(np.arange(rows, dtype=np.float32), mask=np.arange(rows) % 97 == 5),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(generator.standard_normal(rows * 3, np.float32)), 3),
+            "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.int32))),
+        }
+    )
+    written = write_table(f"parquet:{tmp_path / 't'}", data, split_rows=700)
+    spec = replace(written, null_fill={"x": -1.0}, null_mask=("x",))
+    expected = list(TableDataset(spec, batch_size=64))
+    got = list(TableDataset(spec, batch_size=64).loader(num_workers=1))
+    # The first batches are slices of one conversion, in one storage.
+    assert got[0]["id"].untyped_storage().data_ptr() == got[1]["id"].untyped_storage().data_ptr()
+    assert isinstance(got[0]["tokens"], list) and got[0]["x_valid"].dtype == torch.bool
+    assert len(got) == len(expected) and all(map(same, expected, got))
+    # A null that no fill covers fails the group's conversion; its frames are converted one by one,
+    # and the error names the row.
+    with pytest.raises(NullError, match=r"column 'x' is null at parquet:.*row 5 \(position 5 of its batch\)"):
+        list(TableDataset(written, batch_size=64).loader(num_workers=1))

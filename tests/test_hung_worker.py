@@ -115,7 +115,8 @@ def test_a_worker_that_dies_is_found_within_seconds_under_the_default_timeout(
     make_table: Callable[..., TableSpec],
 ) -> None:
     spec = make_table(SIZES, backend="parquet", columns=["id"])
-    loader = TableDataset(spec, batch_size=50).loader(num_workers=2)
+    # Batch by batch (group=1): in groups a worker would have sent its whole share before the kill.
+    loader = TableDataset(spec, batch_size=50).loader(num_workers=2, group=1)
     assert loader.timeout == WORKER_TIMEOUT == 300
     iterator = iter(loader)
     pids = worker_pids(iterator)

@@ -1,11 +1,12 @@
 """Several batches of a DataLoader worker in one message.
 
-torchdata's loader spends about half a millisecond of Python on each item a worker sends, on
-each side (a state snapshot and its delta, protocol checks, the index round trip), whatever the
-item holds: for batches of a few hundred rows that is most of their cost. A ``Grouped`` dataset
-makes each worker send ``size`` batches as one ``Group``, in one shared-memory block, with the
-state after each of them; the ``Loader`` hands them on one by one, and a state taken between two
-of them names the state after the last one handed on (``Loader.state_dict``).
+torchdata's loader spends a few hundred microseconds of Python on each item a worker sends, on
+each side (a state snapshot and its delta, the index round trip, the relay), whatever the item
+holds: for batches of a few thousand rows or fewer that is most of their cost. A ``Grouped``
+dataset makes each worker send ``size`` batches (fewer when they reach ``GROUP_BYTES``) as one
+``Group``, in one shared-memory block, with the state after each of them; the ``Loader`` hands
+them on one by one, and a state taken between two of them names the state after the last one
+handed on (``Loader.state_dict``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from spiral_lightning.core.state import State
 from spiral_lightning.datasets.stuck import WatchedIterator
-from spiral_lightning.reading.transfer import handed_on_group
+from spiral_lightning.reading.convert import frame_bytes, group_tensors
+from spiral_lightning.reading.frames import Frame
+from spiral_lightning.reading.tensors import Nulls, to_torch
+from spiral_lightning.reading.transfer import handed_on_group, tensor_bytes
 
 #: Rows a group holds at least when its batches are smaller (fewer batches a group when larger).
-GROUP_ROWS = 4096
+#: Measured on 1024-row batches of three columns: 4,096 rows a group cost the worker a third more
+#: CPU a batch and the main process twice as much.
+GROUP_ROWS = 16_384
 #: Batches a group holds at most.
-MOST_GROUPED = 16
+MOST_GROUPED = 64
+#: Bytes of tensors after which a group ends whatever its rows, so that groups of images or long
+#: sequences stay a few batches: a group lies in one block, and each worker has two in flight.
+GROUP_BYTES = 16 << 20
 
 
 def group_size(dataset: Any) -> int:
@@ -42,17 +52,23 @@ def as_they_are(group: Any) -> Any:
 
 
 class Group(NamedTuple):
-    """Batches a worker sends as one item, and its dataset's state after each of them."""
+    """Batches a worker sends as one item, and its dataset's state after each of them, as
+    ``State`` values: the loader makes one plain (``State.to_dict``, which seals it) only when a
+    state is saved between two of them, instead of the worker making every one. With ``rows``,
+    ``batches`` is one batch of all their rows, and batch ``i`` is its next ``rows[i]`` rows."""
 
     batches: list[Any]
-    states: list[dict[str, Any]]
+    states: list[State]
+    rows: list[int] | None = None
 
 
 class Grouped(IterableDataset[Any]):
-    """``dataset`` (a ``TableDataset`` or a kind built on it) read by a DataLoader worker in
-    groups of ``size`` batches; in the main process, its batches as they are. Its state is the
-    dataset's, and every other attribute is the dataset's too, so what reads a loader's dataset
-    finds the table's settings."""
+    """``dataset`` (a ``TableDataset``, whose ``state()`` is what its ``state_dict`` writes) read
+    by a DataLoader worker in groups of ``size`` batches; in the main process, its batches as they
+    are. A group of plain tensor batches (``to_torch``, no transform, media or padded column) is
+    converted and copied at once, and each batch is a slice of it (``convert.group_tensors``). Its
+    state is the dataset's, and every other attribute is the dataset's too, so what reads a
+    loader's dataset finds the table's settings."""
 
     def __init__(self, dataset: Any, size: int) -> None:
         self.dataset = dataset
@@ -60,27 +76,69 @@ class Grouped(IterableDataset[Any]):
         #: Batches left in the group each worker was sending when its state was saved: its first
         #: group after the resume holds only those, so later groups end where they would have.
         self.left: dict[int, int] = {}
+        #: The state after the group just sent, as ``state_dict`` returns it: the DataLoader asks
+        #: for it as each group leaves, and the dataset has not moved since.
+        self._sent: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None:
             yield from self.dataset
             return
+        size = self.left.pop(info.id, self.size)
+        dataset = self.dataset
+        whole = dataset.collate is to_torch and dataset.transform is None and not dataset.spec.media
+        for group in self._sliced(size) if whole and not dataset.spec.padded else self._batched(size):
+            self._sent = group.states[-1].to_dict()
+            yield group
+            self._sent = None
+
+    def _batched(self, size: int) -> Iterator[Group]:
+        """The dataset's batches in groups, each batch copied into the group's block."""
         # The group goes in one block: the dataset leaves its batches where they are.
         self.dataset.hands_on = False
-        size = self.left.pop(info.id, self.size)
         batches: list[Any] = []
-        states: list[dict[str, Any]] = []
+        states: list[State] = []
+        held = 0
         for batch in self.dataset:
             batches.append(batch)
-            states.append(self.dataset.state_dict())
-            if len(batches) == size:
+            states.append(self.dataset.state())
+            held += tensor_bytes(batch)
+            if len(batches) == size or held >= GROUP_BYTES:
                 yield Group(handed_on_group(batches), states)
-                batches, states, size = [], [], self.size
+                batches, states, size, held = [], [], self.size, 0
         if batches:
             yield Group(handed_on_group(batches), states)
 
+    def _sliced(self, size: int) -> Iterator[Group]:
+        """The dataset's frames in groups, each group converted at once when its batches are
+        slices of its conversion, else frame by frame."""
+        dataset = self.dataset
+        nulls = Nulls(dataset.spec.null_fill, dataset.spec.null_mask)
+        convert = dataset.converter()
+        frames: list[tuple[Frame, int]] = []
+        states: list[State] = []
+        held = 0
+
+        def group() -> Group:
+            whole = group_tensors([frame for frame, _ in frames], nulls, dataset.spec.padded)
+            if whole is None:
+                return Group(handed_on_group([convert(frame, first) for frame, first in frames]), states)
+            return Group(handed_on_group([whole]), states, [frame.num_rows for frame, _ in frames])
+
+        for frame, first in dataset.frames():
+            frames.append((frame, first))
+            states.append(dataset.state())
+            held += frame_bytes(frame)
+            if len(frames) == size or held >= GROUP_BYTES:
+                yield group()
+                frames, states, size, held = [], [], self.size, 0
+        if frames:
+            yield group()
+
     def state_dict(self) -> dict[str, Any]:
+        if self._sent is not None:
+            return self._sent
         state: dict[str, Any] = self.dataset.state_dict()
         return state
 
@@ -105,8 +163,8 @@ class GroupedIterator(WatchedIterator):
     the next to hand on (torchdata's snapshot holds the whole group), and the batches its group had
     left (``GROUP_LEFT``), so that its first group after a resume ends where this one would have."""
 
-    _pending: deque[tuple[Any, tuple[int, dict[str, Any], int] | None]] | None = None
-    _within: tuple[int, dict[str, Any], int] | None = None
+    _pending: deque[tuple[Any, tuple[int, State, int] | None]] | None = None
+    _within: tuple[int, State, int] | None = None
 
     def __next__(self) -> Any:
         if not self._pending:
@@ -114,10 +172,11 @@ class GroupedIterator(WatchedIterator):
             if not isinstance(item, Group):
                 self._within = None
                 return item
-            worker, last = self._last_yielded_worker_id, len(item.batches) - 1
+            worker, last = self._last_yielded_worker_id, len(item.states) - 1
+            batches = item.batches if item.rows is None else _slices(item.batches[0], item.rows)
             self._pending = deque(
                 (batch, None if index == last else (worker, item.states[index], last - index))
-                for index, batch in enumerate(item.batches)
+                for index, batch in enumerate(batches)
             )
         batch, self._within = self._pending.popleft()
         return batch
@@ -133,7 +192,18 @@ class GroupedIterator(WatchedIterator):
         worker, dataset_state, left = self._within
         state = copy.deepcopy(state)
         snapshot = state["_snapshot"]
-        snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = dataset_state
+        snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = dataset_state.to_dict()
         snapshot["_last_yielded_worker_id"] = (worker - 1) % self._num_workers
         state[GROUP_LEFT] = {"worker": worker, "left": left}
         return state
+
+
+def _slices(whole: dict[str, Any], rows: list[int]) -> list[dict[str, Any]]:
+    """The batches of ``rows`` rows each that ``whole`` holds end to end."""
+    batches = []
+    start = 0
+    for count in rows:
+        end = start + count
+        batches.append({name: value[start:end] for name, value in whole.items()})
+        start = end
+    return batches

@@ -15,7 +15,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from spiral_lightning.core.checks import check_positive
 from spiral_lightning.core.media import Where, left_to_decode
 from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, as_plan, fingerprint
-from spiral_lightning.core.sequences import TooLong
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Consumer
@@ -25,9 +24,10 @@ from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
 from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, window_key
+from spiral_lightning.reading.convert import Converter, frame_converter
 from spiral_lightning.reading.frames import LAST_MODES, Frame, Last, cut, read_frames, start_of
 from spiral_lightning.reading.shuffle import shuffled_chunks
-from spiral_lightning.reading.tensors import BatchSlices, NullError, Nulls, check_nulls, to_torch
+from spiral_lightning.reading.tensors import Nulls, check_nulls, to_torch
 from spiral_lightning.reading.transfer import handed_on
 from spiral_lightning.sources import Reader
 
@@ -335,11 +335,12 @@ class TableDataset(Consumer, IterableDataset[Any]):
             remainder=self.lineage_digest(),
         )
 
+    def state(self) -> State:
+        """This consumer's cursor and the settings it is valid for; ``state_dict`` is its plain values."""
+        return self.state_of(self.shard()) if self._resume is None else self._resume
+
     def state_dict(self) -> dict[str, Any]:
-        """This consumer's cursor and the settings it is valid for, as plain values."""
-        if self._resume is not None:
-            return self._resume.to_dict()
-        return self.state_of(self.shard()).to_dict()
+        return self.state().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved over the same version, consumer, batch size, policy and
@@ -354,15 +355,24 @@ class TableDataset(Consumer, IterableDataset[Any]):
         self._resume = saved
 
     def __iter__(self) -> Iterator[Any]:
+        convert = self.converter()
+        for frame, first_row in self.frames():
+            batch = convert(frame, first_row)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            yield batch if self.collate is None or not self.hands_on else handed_on(batch)
+
+    def frames(self) -> Iterator[tuple[Frame, int]]:
+        """This pass's frames as they are cut, each with the row of the consumer's stream it
+        starts at; ``state()`` after each is the state after that frame (``converter`` makes each
+        what the dataset yields)."""
         shard, items, work = self.begin()
         resume, self._resume = self._resume, None
         cursor = start_of(items)
-        delivered = 0
+        delivered = skipped = 0
         if resume is not None and resume.cursor is not None:
             self.check_resume("TableDataset", resume, shard, work, items)
             cursor, delivered, skipped = resume.cursor, resume.delivered, resume.skipped
-        else:
-            skipped = 0
         self._work = work
         self._cursor = cursor
         self._delivered = delivered
@@ -370,49 +380,25 @@ class TableDataset(Consumer, IterableDataset[Any]):
         frames = self._frames(self.reader(), items, cursor, shard)
         if self.rows_per_consumer is not None:
             frames = _within(frames, self.rows_per_consumer - delivered, Cursor(len(items), 0))
-        collate = self._collate(shard)
         for frame, after in frames:
             self._cursor = after
             first_row = self._delivered
             self._delivered += frame.num_rows
-            if collate is None:
-                batch = frame.rows()
-            elif not self.spec.media:
-                batch = collate(frame, first_row)
-            else:
-                batch = self._decode(collate(frame, first_row), shard, first_row)
-            if self.transform is not None:
-                batch = self.transform(batch)
-            yield batch if collate is None or not self.hands_on else handed_on(batch)
+            yield frame, first_row
 
-    def _collate(self, shard: Shard) -> Callable[[Frame, int], Any] | None:
-        """How this pass turns a frame, whose first row is row ``first_row`` of the consumer's
-        stream, into what it yields (``None``: the frame's record batch); a null that the spec's
-        ``null_fill`` and ``null_mask`` leave raises naming the table, consumer and row."""
-        collate = self.collate
-        if collate is None:
-            return None
-        nulls = Nulls(self.spec.null_fill, self.spec.null_mask)
-        # Most frames are one slice of one read batch; converting each read batch once and slicing
-        # its tensors costs a fraction of converting every frame.
-        slices = BatchSlices(nulls, self.spec.padded)
-
-        def rows(frame: Frame) -> Any:
-            if collate is not to_torch:
-                return collate(frame.rows())
-            if len(frame.parts) == 1:
-                return slices(*frame.parts[0])
-            return to_torch(frame.rows(), nulls, self.spec.padded)
-
+    def converter(self) -> Converter:
+        """What this pass makes of a frame: its record batch without a ``collate``, else what the
+        collate makes of it with the spec's media decoded; a null that the spec's ``null_fill``
+        and ``null_mask`` leave raises naming the table, consumer and row."""
+        shard = self.shard()
+        if self.collate is None:
+            return lambda frame, first_row: frame.rows()
         table = f"{self.spec.uri} (rank {shard.rank}, worker {shard.worker})"
-
-        def convert(frame: Frame, first_row: int) -> Any:
-            try:
-                return rows(frame)
-            except (NullError, TooLong) as error:
-                raise error.located(f"{table}, {Where(table, first_row).name(error.position)}") from None
-
-        return convert
+        nulls = Nulls(self.spec.null_fill, self.spec.null_mask)
+        convert = frame_converter(self.collate, nulls, self.spec.padded, table)
+        if not self.spec.media:
+            return convert
+        return lambda frame, first_row: self._decode(convert(frame, first_row), shard, first_row)
 
     def _frames(
         self, reader: Reader, items: list[WorkItem], cursor: Cursor, shard: Shard

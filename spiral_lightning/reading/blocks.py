@@ -192,7 +192,7 @@ class Pooled(dict[str, Any]):
         known = bool(pool.flags[MAX_BLOCKS + lease.index])
         storage = None if known else pool.storages[lease.index]
         flags = None if known else pool.flag_storage
-        where = (pool.token, os.getpid(), lease.index, storage, flags, lease.size)
+        where = (pool.token, pool.pid, lease.index, storage, flags, lease.size)
         return (_received, (*where, items, self.part, self.parts))
 
     def __copy__(self) -> Pooled:

@@ -159,7 +159,7 @@ class BatchSlices:
         """``to_torch(batch.slice(offset, length), nulls)``."""
         if batch is not self._batch:
             self._batch = batch
-            self._whole = _sliceable(batch, self._nulls, self._padded)
+            self._whole = sliceable(batch, self._nulls, self._padded)
         whole = self._whole
         if whole is None:
             return to_torch(batch.slice(offset, length), self._nulls, self._padded)
@@ -169,7 +169,7 @@ class BatchSlices:
         return {name: value[offset:end] for name, value in whole.items()}
 
 
-def _sliceable(batch: pa.RecordBatch, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> Batch | None:
+def sliceable(batch: pa.RecordBatch, nulls: Nulls | None = None, padded: Sequence[Padded] = ()) -> Batch | None:
     """``to_torch(batch, nulls, padded)`` if each of its slices converts to the same slice of it,
     else ``None``: a shaped column that became a list or a padded column depends on its rows, and
     a null that raises belongs to one slice."""

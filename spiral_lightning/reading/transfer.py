@@ -65,6 +65,14 @@ def handed_on_group(batches: list[Any]) -> list[Any]:
     return [handed_on(batch) for batch in batches]
 
 
+def tensor_bytes(batch: Any) -> int:
+    """About the bytes a block would hold of ``batch``: those of the tensors of a ``dict`` batch,
+    a tensor that appears twice counted twice; 0 for a batch that is no ``dict``."""
+    if not isinstance(batch, dict):
+        return 0
+    return sum(item.nbytes for value in batch.values() for item in _items(value) if isinstance(item, torch.Tensor))
+
+
 def one_block(batch: Any) -> Any:
     """``batch`` with its tensors copied into one new block of shared memory, as views of it.
 

@@ -1,0 +1,71 @@
+"""What a consumer's frames become: tensors (or what its collate makes), with errors that name the row.
+
+A frame is converted on its own (``frame_converter``) or, where a DataLoader worker sends its
+batches in groups, with the frames after it (``group_tensors``): one conversion and one copy into
+shared memory for the group instead of one of each per batch, each batch then a slice of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from spiral_lightning.core.media import Where
+from spiral_lightning.core.sequences import Padded, TooLong
+from spiral_lightning.reading.frames import Frame, Part
+from spiral_lightning.reading.tensors import Batch, BatchSlices, NullError, Nulls, sliceable, to_torch
+
+#: Converts a frame whose first row is the given row of the consumer's stream.
+Converter = Callable[[Frame, int], Any]
+
+
+def frame_converter(
+    collate: Callable[[pa.RecordBatch], Any], nulls: Nulls, padded: Sequence[Padded], table: str
+) -> Converter:
+    """``collate`` of a frame's rows; a null that ``nulls`` leaves, or a row too long for its
+    padded column, raises naming ``table`` and the row."""
+    # Most frames are one slice of one read batch; converting each read batch once and slicing
+    # its tensors costs a fraction of converting every frame.
+    slices = BatchSlices(nulls, padded)
+
+    def rows(frame: Frame) -> Any:
+        if collate is not to_torch:
+            return collate(frame.rows())
+        if len(frame.parts) == 1:
+            return slices(*frame.parts[0])
+        return to_torch(frame.rows(), nulls, padded)
+
+    def convert(frame: Frame, first_row: int) -> Any:
+        try:
+            return rows(frame)
+        except (NullError, TooLong) as error:
+            raise error.located(f"{table}, {Where(table, first_row).name(error.position)}") from None
+
+    return convert
+
+
+def joined(frames: Sequence[Frame]) -> Frame:
+    """``frames`` laid end to end as one frame, a part that continues the one before it in the
+    same chunk merged into it."""
+    parts: list[Part] = []
+    for part in (part for frame in frames for part in frame.parts):
+        last = parts[-1] if parts else None
+        if last is not None and last.rows is part.rows and last.offset + last.length == part.offset:
+            parts[-1] = last._replace(length=last.length + part.length)
+        else:
+            parts.append(part)
+    return Frame(tuple(parts), sum(frame.num_rows for frame in frames))
+
+
+def group_tensors(frames: Sequence[Frame], nulls: Nulls, padded: Sequence[Padded]) -> Batch | None:
+    """``to_torch`` of the rows of ``frames`` laid end to end, when each frame's own conversion
+    is the slice of it that holds the frame's rows (``tensors.sliceable``); else ``None``: convert
+    them one by one."""
+    return sliceable(joined(frames).rows(), nulls, padded)
+
+
+def frame_bytes(frame: Frame) -> int:
+    """About the bytes of a frame's rows: each part's share of its chunk's Arrow buffers."""
+    return sum(part.rows.nbytes * part.length // max(part.rows.num_rows, 1) for part in frame.parts)
