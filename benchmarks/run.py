@@ -95,7 +95,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "handoff",
-        ["--rows", "1000000", "--repeats", "3"],
+        ["--rows", "2000000", "--repeats", "5"],
         [
             Target("`loader(num_workers=2)` >= 0.6x in process at 256 rows", r"^256$", "2 workers / in process", 0.6),
             Target(

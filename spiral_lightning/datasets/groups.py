@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from spiral_lightning.core.state import State
 from spiral_lightning.datasets.stuck import WatchedIterator
-from spiral_lightning.reading.convert import frame_bytes, group_tensors
+from spiral_lightning.reading.convert import FrameBytes, group_tensors
 from spiral_lightning.reading.frames import Frame
 from spiral_lightning.reading.tensors import Nulls, to_torch
 from spiral_lightning.reading.transfer import handed_on_group, tensor_bytes
@@ -116,6 +116,7 @@ class Grouped(IterableDataset[Any]):
         dataset = self.dataset
         nulls = Nulls(dataset.spec.null_fill, dataset.spec.null_mask)
         convert = dataset.converter()
+        frame_bytes = FrameBytes()
         frames: list[tuple[Frame, int]] = []
         states: list[State] = []
         held = 0

@@ -66,6 +66,18 @@ def group_tensors(frames: Sequence[Frame], nulls: Nulls, padded: Sequence[Padded
     return sliceable(joined(frames).rows(), nulls, padded)
 
 
-def frame_bytes(frame: Frame) -> int:
-    """About the bytes of a frame's rows: each part's share of its chunk's Arrow buffers."""
-    return sum(part.rows.nbytes * part.length // max(part.rows.num_rows, 1) for part in frame.parts)
+class FrameBytes:
+    """About the bytes of a frame's rows, called frame after frame: each part's share of its
+    chunk's Arrow buffers, whose size is taken once per chunk (it walks every buffer)."""
+
+    def __init__(self) -> None:
+        self._chunk: pa.RecordBatch | None = None
+        self._per_row = 0.0
+
+    def __call__(self, frame: Frame) -> int:
+        held = 0.0
+        for part in frame.parts:
+            if part.rows is not self._chunk:
+                self._chunk, self._per_row = part.rows, part.rows.nbytes / max(part.rows.num_rows, 1)
+            held += self._per_row * part.length
+        return int(held)
