@@ -120,7 +120,8 @@ def test_a_pool_of_large_batches_stops_growing_at_its_byte_budget(
 def test_a_worker_reuses_its_blocks_and_batches_kept_keep_their_values(make_table: Callable[..., TableSpec]) -> None:
     spec = make_table([1200, 800, 2000], seed=3, backend="parquet")
     dataset = TableDataset(spec, batch_size=50)
-    loader = dataset.loader(num_workers=2)
+    # Groups of 2 batches: 20 groups a worker, more than a pool's blocks.
+    loader = dataset.loader(num_workers=2, group=2)
     # Dropped at each step: each worker's few blocks carry all 80 batches.
     seen = []
     for batch in loader:
@@ -133,6 +134,11 @@ def test_a_worker_reuses_its_blocks_and_batches_kept_keep_their_values(make_tabl
     again = list(loader)
     check_rows(kept, 4000)
     check_rows(again, 4000)
+    assert [batch["id"].tolist() for batch in kept] == [batch["id"].tolist() for batch in again]
+    # Default groups: each worker's batches are views of one converted group; kept, they keep it.
+    grouped = dataset.loader(num_workers=2)
+    kept, again = list(grouped), list(grouped)
+    check_rows(kept, 4000)
     assert [batch["id"].tolist() for batch in kept] == [batch["id"].tolist() for batch in again]
 
 
