@@ -13,8 +13,9 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from pyarrow.fs import FileSelector
 
-from spiral_lightning import MixedTable, Packing, SpiralDataModule, TableSpec
+from spiral_lightning import MixedTable, Packing, Shuffled, SpiralDataModule, TableDataset, TableSpec
 from spiral_lightning.core.storage import StorageOptions
+from spiral_lightning.datasets.record import StepRecord
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.record import rows
 from tests.lightning_job import TABLE_IDS, Recorder
@@ -197,3 +198,29 @@ def test_the_record_names_the_rows_of_each_map_access_step_through_a_resume_in_o
     epoch_0 = [row for _, step, ids in first.seen if step < 10 for row in ids]
     epoch_0 += [row for epoch, _, ids in resumed.seen if epoch == 0 for row in ids]
     assert sorted(epoch_0) == list(range(1000))
+
+
+def test_a_shuffled_steps_line_holds_its_cursors_and_reads_back_as_its_rows(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    spec = make_table([1000], columns=["id"])
+    dataset = TableDataset(spec, batch_size=64, policy=Shuffled(block_rows=100, buffer_rows=256))
+    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(dataset):
+        record.note(step, [dataset.state()])
+        seen.append(sorted(batch["id"].tolist()))
+    record.flush()
+    recorded = rows(tmp_path / "record")
+    assert [stored(recorded[step][0]) for step in range(len(seen))] == seen
+    # One line of the consumer's list, windows and key; then each step's cursors, a few dozen bytes.
+    (written,) = (tmp_path / "record").glob("*.jsonl")
+    lines = written.read_text().splitlines()
+    assert sum('"items"' in line for line in lines) == 1
+    steps = [line for line in lines if line.startswith('{"step"')]
+    assert len(steps) == len(seen) and max(map(len, steps)) < 100
+    # Without its list line a step cannot be read back, and the error says where.
+    written.write_text("\n".join(line for line in lines if '"items"' not in line) + "\n")
+    with pytest.raises(ValueError, match=r"rank 0, line 2: step 0 names work list 0, which no line before it holds"):
+        rows(tmp_path / "record")

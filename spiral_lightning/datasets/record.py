@@ -4,7 +4,12 @@ the train loader and read back by ``rows``.
 A rank's file holds a header line each time a train loader starts (the table version, the rank,
 and ``from_step``, the step of its first batch) and one line per step: the step, its epoch and its
 rows as ``[split, start, end]`` ranges of stored rows (packed when there are many, see
-``encoded``), and ``"skipped": true`` for a step whose batch ``skip_steps`` left out. Steps are
+``encoded``), and ``"skipped": true`` for a step whose batch ``skip_steps`` left out. A step of a
+consumer that shuffles in windows (a range a row) names its rows by its consumer's cursors before
+and after it instead (``"list"``, ``"from"``, ``"to"``), and the consumer's work list, window rows
+and window key are written once, in a ``"list"`` line before its first step: the reader draws the
+windows' orders again (``planning.delivered.rows_between``), so the trainer's step pays for a few
+numbers, not a thousand ranges. Steps are
 numbered as ``skip_steps`` numbers them. A header discards what the file says of its
 ``from_step`` and later steps: a run resumed from an earlier checkpoint reads those steps again,
 and what it reads then is what the record keeps.
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
-from spiral_lightning.core.state import State
+from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
@@ -56,8 +61,19 @@ def encoded(ranges: Ranges) -> dict[str, Any]:
     return {"packed": base64.b64encode(zlib.compress(columns.tobytes(), 1)).decode("ascii")}
 
 
-def decoded(line: Mapping[str, Any]) -> list[tuple[int, int, int]]:
-    """The ranges of a step's line (see ``encoded``), as ``(split, start, end)``."""
+def decoded(
+    line: Mapping[str, Any], lists: Mapping[int, Mapping[str, Any]] | None = None
+) -> list[tuple[int, int, int]]:
+    """The ranges of a step's line (see ``encoded``), as ``(split, start, end)``; a line that
+    names its rows by cursors resolves them with its ``"list"`` line, from ``lists`` by number."""
+    if "list" in line:
+        listed = (lists or {}).get(int(line["list"]))
+        if listed is None:
+            raise ValueError(f"step {line.get('step')} names work list {line['list']}, which no line before it holds")
+        items = [WorkItem(*item) for item in listed["items"]]
+        before = None if line["from"] is None else Cursor(*line["from"])
+        found = rows_between(items, before, Cursor(*line["to"]), int(listed["window"]), listed["key"])
+        return [(int(split), int(first), int(end)) for split, first, end in found.tolist()]
     if "packed" not in line:
         return [(int(split), int(start), int(end)) for split, start, end in line["rows"]]
     columns = np.frombuffer(zlib.decompress(base64.b64decode(line["packed"])), dtype=np.int64).reshape(3, -1)
@@ -108,6 +124,8 @@ class StepRecord:
         self._states: dict[Part, State | None] = {}
         # Each consumer's work list of each table by its fingerprint, planned once.
         self._work: dict[tuple[int | None, Shard], tuple[str | None, list[WorkItem]]] = {}
+        # The number of each "list" line written, by table, consumer, work list and window key.
+        self._lists: dict[tuple[int | None, Shard, str | None, tuple[int, ...]], int] = {}
 
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
@@ -143,23 +161,27 @@ class StepRecord:
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[key], self._states[key] = mark, after
-        self.note_rows(step, after.epoch, self._rows(key[1], before, after, partly), skipped, key[1])
+        self._note(step, after.epoch, self._rows(key[1], before, after, partly), skipped, key[1])
 
     def note_rows(self, step: int, epoch: int, ranges: Ranges, skipped: bool = False, table: int | None = None) -> None:
         """Note the batch of ``step`` in ``epoch`` by its stored rows ``ranges`` (of mixture table
         ``table``): what a loader that knows its batches' rows (``access="map"``) notes directly."""
+        self._note(step, epoch, encoded(ranges), skipped, table)
+
+    def _note(self, step: int, epoch: int, rows: dict[str, Any], skipped: bool, table: int | None) -> None:
         line: dict[str, Any] = {"step": step, "epoch": epoch}
         if table is not None:
             line["table"] = table
-        line |= encoded(ranges)
+        line |= rows
         if skipped:
             line["skipped"] = True
         self._lines.append(json.dumps(line, separators=(",", ":")))
 
-    def _rows(self, table: int | None, before: State | None, after: State, partly: bool) -> Ranges:
-        """The stored rows one consumer delivered between two of its states (of mixture table
-        ``table``); ``partly``: the row ``after`` points at was partly delivered too (a packed
-        document, see ``_cursor_state``)."""
+    def _rows(self, table: int | None, before: State | None, after: State, partly: bool) -> dict[str, Any]:
+        """What a step's line says of the stored rows one consumer delivered between two of its
+        states (of mixture table ``table``): their ranges, or for a consumer that shuffles in
+        windows its cursors (see the module); ``partly``: the row ``after`` points at was partly
+        delivered too (a packed document, see ``_cursor_state``)."""
         dataset = (
             self.dataset.tables[table] if isinstance(self.dataset, Mixture) and table is not None else self.dataset
         )
@@ -181,7 +203,15 @@ class StepRecord:
         if after.cursor is None:
             raise RuntimeError(f"consumer {tuple(shard)} delivered a batch but its state has no cursor")
         cursor = after.cursor._replace(skip=after.cursor.skip + 1) if partly else after.cursor
-        return rows_between(items, None if before is None else before.cursor, cursor, window, key)
+        start = None if before is None else before.cursor
+        if not window:
+            return encoded(rows_between(items, start, cursor))
+        listed = (table, shard, after.work, key)
+        if listed not in self._lists:
+            self._lists[listed] = number = len(self._lists)
+            list_line = {"list": number, "items": [list(item) for item in items], "window": window, "key": list(key)}
+            self._lines.append(json.dumps(list_line, separators=(",", ":")))
+        return {"list": self._lists[listed], "from": None if start is None else list(start), "to": list(cursor)}
 
     def flush(self) -> None:
         """Write the lines noted since the last flush after the rank's record."""
@@ -231,6 +261,7 @@ def rows(
     found: dict[int, dict[int, list[tuple[int, ...]]]] = {}
     for owner, content in read_ranks(str(record), storage_options).items():
         kept: dict[int, list[tuple[int, ...]] | None] = {}
+        lists: dict[int, Mapping[str, Any]] = {}
         rank = -1
         for number, text in enumerate(content.splitlines(), 1):
             line = json.loads(text)
@@ -241,8 +272,18 @@ def rows(
                     )
                 rank = int(line["rank"])
                 kept = {step: ranges for step, ranges in kept.items() if step < line["from_step"]}
+                lists = {}
                 continue
-            read: list[tuple[int, ...]] = list(decoded(line))
+            if "items" in line:
+                lists[int(line["list"])] = line
+                continue
+            if line.get("skipped") or (wanted is not None and int(line["step"]) not in wanted):
+                kept[int(line["step"])] = None
+                continue
+            try:
+                read: list[tuple[int, ...]] = list(decoded(line, lists))
+            except ValueError as error:
+                raise ValueError(f"{record}, rank {owner}, line {number}: {error}") from None
             if "table" in line:
                 read = [(int(line["table"]), *ranges) for ranges in read]
             kept[int(line["step"])] = None if line.get("skipped") else read
