@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import SpiralDataModule, TableSpec, TokenBatchDataset, TokenBudget, Windows, write_table
+from spiral_lightning.datasets.record import StepRecord
 from spiral_lightning.demos.data import corpus_tables
 from spiral_lightning.lightning.cli import main
+from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.planning.token_batches import count_batches, plan_window, window_rng
+from spiral_lightning.record import rows
 from tests.ranks import torchrun
 from tests.tables import BACKENDS
 
@@ -215,7 +218,7 @@ def test_the_datamodule_resumes_a_token_budget_epoch_mid_way(tmp_path: Path) -> 
     budget = TokenBudget("tokens", max_tokens=800)
 
     def fit(model: Recorder, steps: int, ckpt_path: Path | None = None) -> None:
-        data = SpiralDataModule(spec, tokens=budget, shuffle=True, num_workers=0)
+        data = SpiralDataModule(spec, tokens=budget, shuffle=True, num_workers=0, record=str(tmp_path / "record"))
         saves = ModelCheckpoint(tmp_path, every_n_train_steps=7, save_top_k=-1, filename="{step}")
         options: dict[str, Any] = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
         trainer = pl.Trainer(max_epochs=1, max_steps=steps, callbacks=[saves], default_root_dir=tmp_path, **options)
@@ -226,6 +229,12 @@ def test_the_datamodule_resumes_a_token_budget_epoch_mid_way(tmp_path: Path) -> 
     fit(second, -1, tmp_path / "step=7.ckpt")
     assert len(first.seen) > 0 and len(second.seen) > 0
     assert sorted(first.seen + second.seen) == list(range(len(lengths)))
+    # The record kept the first run's 7 steps and the resumed run's: every document once.
+    recorded = rows(tmp_path / "record")
+    named = [
+        300 * split + row for ranges in recorded.values() for split, low, high in ranges[0] for row in range(low, high)
+    ]
+    assert sorted(named) == list(range(len(lengths)))
 
 
 def cli_in(argv: Sequence[str]) -> None:
@@ -247,3 +256,26 @@ def test_the_token_budget_config_takes_equal_steps_on_two_ddp_ranks(tmp_path: Pa
     last = torch.load(tmp_path / "runs" / "lm-tokens" / "checkpoints" / "last.ckpt", weights_only=True)
     # Lightning's DDP steps every rank together: both took the fewest batches any rank planned.
     assert min(counts) > 0 and last["global_step"] == min(counts)
+
+
+def test_the_record_names_the_documents_of_each_token_budget_step(tmp_path: Path) -> None:
+    lengths = np.random.default_rng(5).integers(1, 300, 900)
+    spec = corpus(tmp_path / "corpus", lengths)  # splits of 300 documents: document i is row i % 300 of split i // 300
+    budget = TokenBudget("tokens", max_tokens=1024, form="flat", window=64)
+    dataset = TokenBatchDataset(spec, budget=budget, shuffle=True, seed=3)
+    loader = dataset.loader(num_workers=2)
+    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(loader):
+        record.note(step, consumer_states(loader.state_dict()))
+        seen.append(sorted(document for document, _, _ in pieces_of(batch, budget)))
+    record.flush()
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == list(range(len(seen)))
+    named = [
+        sorted(300 * split + row for split, start, end in recorded[step][0] for row in range(start, end))
+        for step in recorded
+    ]
+    assert named == seen
+    assert sorted(document for step in named for document in step) == list(range(len(lengths)))

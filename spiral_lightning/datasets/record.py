@@ -33,7 +33,8 @@ from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
-from spiral_lightning.planning.delivered import Ranges, rows_between
+from spiral_lightning.datasets.token_batches import TokenBatchDataset
+from spiral_lightning.planning.delivered import Ranges, rows_between, stored_ranges
 from spiral_lightning.planning.policies import Shuffled, window_key
 from spiral_lightning.sources.record_files import RecordFiles, check_reachable, read_ranks
 
@@ -83,17 +84,19 @@ def decoded(
 
 def check_recordable(dataset: Any, folder: str | Path, options: StorageOptions | None = None) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
-    rows, a ``PackedDataset``, a ``Mixture`` of them or a ``TableMapDataset``, read without a filter
-    (a kind that batches otherwise, or a filter, makes a batch's stored rows more than its cursors
-    tell), in a folder or object store that can be reached."""
+    rows, a ``PackedDataset``, a ``Mixture`` of them, a ``TokenBatchDataset`` or a
+    ``TableMapDataset``, read without a filter (a kind that batches otherwise, or a filter, makes a
+    batch's stored rows more than its cursors tell), in a folder or object store that can be
+    reached."""
     tables = dataset.tables if type(dataset) is Mixture else [dataset]
-    kinds = (TableDataset, PackedDataset, TableMapDataset)
+    kinds = (TableDataset, PackedDataset, TokenBatchDataset, TableMapDataset)
     if any(type(table) not in kinds or table.spec.filter is not None for table in tables):
         kind = type(dataset)
         raise ValueError(
-            "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture or map access read "
-            f"without a filter, not for {'a filtered table' if kind in (*kinds, Mixture) else kind.__name__}; a "
-            "record of windows, token budgets and filtered tables is not built yet: leave record unset"
+            "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture, token budget or "
+            f"map access read without a filter, not for "
+            f"{'a filtered table' if kind in (*kinds, Mixture) else kind.__name__}; a record of windows and "
+            "filtered tables is not built yet: leave record unset"
         )
     check_reachable(str(folder), options)
 
@@ -112,7 +115,7 @@ class StepRecord:
         self, folder: str | Path, dataset: Any, rank: int, from_step: int, options: StorageOptions | None = None
     ) -> None:
         check_recordable(dataset, folder, options)
-        self.dataset: TableDataset | Mixture = dataset
+        self.dataset: TableDataset | Mixture | TokenBatchDataset = dataset
         self.files = RecordFiles(str(folder), rank, options)
         header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
         if isinstance(dataset, Mixture):
@@ -141,7 +144,7 @@ class StepRecord:
         consumer whose state moved on, of ``states`` (every consumer's, in worker order: as dicts,
         or in process as the dataset's ``State``). A state before its consumer's first batch (no
         cursor) is taken as the start of its list."""
-        moved: list[tuple[Part, State, object, bool]] = []
+        moved: list[tuple[Part, State, object, bool, Any]] = []
         for index, state in enumerate(states):
             for table, part in _parts(state):
                 # A dict is known by its digest; a State by itself (its equality leaves out nothing read here).
@@ -151,17 +154,36 @@ class StepRecord:
                 # The loader's own states, sealed by its consumers: no digest to check again.
                 found, partly = (part, False) if isinstance(part, State) else _cursor_state(part)
                 if found.cursor is not None:
-                    moved.append(((index, table), found, mark, partly))
+                    moved.append(((index, table), found, mark, partly, part))
                     continue
                 self._seen[index, table], self._states[index, table] = mark, None
         if len(moved) != 1:
             raise RuntimeError(f"step {step}: {len(moved)} consumers' states moved on with one batch")
-        key, after, mark, partly = moved[0]
+        key, after, mark, partly, part = moved[0]
         before = self._states.get(key)
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[key], self._states[key] = mark, after
-        self._note(step, after.epoch, self._rows(key[1], before, after, partly), skipped, key[1])
+        if isinstance(self.dataset, TokenBatchDataset):
+            rows = encoded(self._budget_rows(after, part["window"]))
+        else:
+            rows = self._rows(key[1], before, after, partly)
+        self._note(step, after.epoch, rows, skipped, key[1])
+
+    def _budget_rows(self, after: State, place: Sequence[int]) -> Ranges:
+        """The stored rows of the documents a token-budget step's batch took tokens of: the batch
+        before ``place`` (the state's window and the batches of it taken), whose documents the
+        window's plan names."""
+        dataset = self.dataset
+        if not isinstance(dataset, TokenBatchDataset):
+            raise RuntimeError("a token-budget state outside a TokenBatchDataset's record")
+        window, taken = int(place[0]), int(place[1])
+        items, documents = dataset.documents_of(after.shard, window if taken else window - 1, taken - 1)
+        if self._work.get((None, after.shard), (None, []))[0] != after.work:
+            if fingerprint(items) != after.work:
+                raise RuntimeError(f"the record found another work list for consumer {tuple(after.shard)} than it read")
+            self._work[None, after.shard] = (after.work, items)
+        return stored_ranges(items, documents)
 
     def note_rows(self, step: int, epoch: int, ranges: Ranges, skipped: bool = False, table: int | None = None) -> None:
         """Note the batch of ``step`` in ``epoch`` by its stored rows ``ranges`` (of mixture table
@@ -243,6 +265,8 @@ def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
     at was partly delivered: a ``PackedDataset``'s cursor names the document its next block
     starts in, and a token offset says the blocks before took some of it, so a packed step's
     rows are every document its blocks touched."""
+    if "budget" in state:
+        return State.from_dict(state["table"], check_digest=False), False
     if "packing" not in state:
         return State.from_dict(state, check_digest=False), False
     return State.from_dict(state["table"], check_digest=False), bool(state["offset"])

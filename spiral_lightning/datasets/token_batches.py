@@ -21,7 +21,7 @@ from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
 from spiral_lightning.planning.policies import policy_name
-from spiral_lightning.planning.token_batches import Ints, count_batches
+from spiral_lightning.planning.token_batches import Ints, Pieces, count_batches, plan_window, window_rng
 from spiral_lightning.reading.frames import start_of
 from spiral_lightning.reading.token_batches import BudgetPosition, PlanKey, count_lengths, read_batches
 from spiral_lightning.reading.transfer import handed_on
@@ -96,6 +96,8 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         self._position: BudgetPosition | None = None
         self._restored: tuple[State, int, int] | None = None
         self._lengths: dict[WorkItem, Ints] = {}
+        # The plan of the window ``documents_of`` planned last: a window's steps follow each other.
+        self._plan: tuple[tuple[int, tuple[int, ...], int], tuple[Pieces, list[Ints]]] | None = None
 
     def _on_new_epoch(self) -> None:
         self._work = None
@@ -135,6 +137,20 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         if not items:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self._lengths[item] for item in items])
+
+    def documents_of(self, shard: Shard, window: int, batch: int) -> tuple[list[WorkItem], Ints]:
+        """Consumer ``shard``'s work list this epoch, and the places in its stream of the documents
+        whose tokens batch ``batch`` (-1: the last) of its window ``window`` holds, in stream
+        order, planned from the lengths as its reads plan them (a step record's rows)."""
+        items = self.work(shard)
+        low = window * self.budget.window
+        key = (self.epoch, tuple(shard), window)
+        if self._plan is None or self._plan[0] != key:
+            lengths = self._lengths_of(items)[low : low + self.budget.window]
+            rng = window_rng(self.seed, self.epoch, tuple(shard), window)
+            self._plan = (key, plan_window(lengths, self.budget, rng))
+        found, batches = self._plan[1]
+        return items, low + np.unique(found.document[batches[batch]])
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
         """Refused: see the class."""

@@ -67,7 +67,18 @@ def rows_between(
         low, window, taken = low + rows, window + 1, 0
     if not parts:
         return np.zeros((0, 3), dtype=np.int64)
-    positions = np.sort(np.concatenate(parts))
+    return _ranges_at(items, offsets, np.sort(np.concatenate(parts)))
+
+
+def stored_ranges(items: Sequence[WorkItem], positions: Positions) -> Ranges:
+    """The stored rows at stream ``positions`` (sorted, each once) of ``items``, as ranges."""
+    if not len(positions):
+        return np.zeros((0, 3), dtype=np.int64)
+    return _ranges_at(items, _offsets(items), np.asarray(positions, dtype=np.int64))
+
+
+def _ranges_at(items: Sequence[WorkItem], offsets: Positions, positions: Positions) -> Ranges:
+    """``stored_ranges`` with the stream's ``offsets`` (see ``_offsets``) at hand."""
     # Runs of consecutive positions, cut again where an item ends.
     item_of = np.searchsorted(offsets, positions, side="right") - 1
     breaks = np.flatnonzero((np.diff(positions) != 1) | (np.diff(item_of) != 0)) + 1
