@@ -86,9 +86,9 @@ class Grouped(IterableDataset[Any]):
             yield from self.dataset
             return
         size = self.left.pop(info.id, self.size)
-        dataset = self.dataset
-        whole = dataset.collate is to_torch and dataset.transform is None and not dataset.spec.media
-        for group in self._sliced(size) if whole and not dataset.spec.padded else self._batched(size):
+        spec = self.dataset.spec
+        plain = self.dataset.collate is to_torch and self.dataset.transform is None and not (spec.media or spec.padded)
+        for group in self._sliced(size) if plain else self._batched(size):
             self._sent = group.states[-1].to_dict()
             yield group
             self._sent = None
