@@ -61,7 +61,8 @@ def dataset(server: S3Server, uri: str, proxy: FaultProxy, **options: Any) -> Ta
 
 
 def batches(data: TableDataset, workers: int) -> Iterable[dict[str, Any]]:
-    return data.loader(num_workers=workers) if workers else data
+    # Batch by batch (group=1): in groups each worker would have read its whole share before the fault.
+    return data.loader(num_workers=workers, group=1) if workers else data
 
 
 def epoch(rows: Iterable[dict[str, Any]], fault: Callable[[], None], after: int = 2) -> tuple[list[int], float]:
@@ -141,7 +142,7 @@ def test_an_outage_longer_than_retry_seconds_fails_naming_the_object_and_resumes
 
 def test_an_outage_longer_than_retry_seconds_fails_clearly_through_workers(s3_server: S3Server, table: str) -> None:
     with FaultProxy(s3_server.host, s3_server.port) as proxy:
-        loader = dataset(s3_server, table, proxy, retry_seconds=1).loader(num_workers=2)
+        loader = batches(dataset(s3_server, table, proxy, retry_seconds=1), 2)
         said = r"did not serve .* over [\d.]+ s \(storage option retry_seconds=1\)"
         with pytest.raises(StoreUnavailable, match=said):
             epoch(loader, lambda: proxy.down(8))
