@@ -194,7 +194,7 @@ class SpiralLoader(Loader):
             elif self.record is not None:
                 # In process the dataset's own state, unsealed: torchdata's sealed copy costs four times as much.
                 own = self.num_workers == 0 and type(self.table) is TableDataset
-                states = [self.table.state_of(self.table.shard())] if own else consumer_states(super().state_dict())
+                states = [self.table.state()] if own else consumer_states(super().state_dict())
                 self.record.note(self._yielded - 1 + shift, states, skip)
             if skip:
                 self.skipped += 1
