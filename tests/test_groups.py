@@ -18,15 +18,19 @@ from spiral_lightning.datasets.groups import GROUP_BYTES, GROUP_LEFT, GROUP_ROWS
 from spiral_lightning.reading.tensors import NullError
 
 
-def test_small_batches_are_grouped_and_large_ones_and_token_blocks_are_not(
-    make_table: Callable[..., TableSpec],
+def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
+    make_table: Callable[..., TableSpec], tmp_path: Path
 ) -> None:
     spec = make_table([100])
     assert group_size(TableDataset(spec, batch_size=10)) == MOST_GROUPED
     assert group_size(TableDataset(spec, batch_size=1024)) == GROUP_ROWS // 1024 == 16
     assert group_size(TableDataset(spec, batch_size=GROUP_ROWS)) == 1
     assert group_size(TableDataset(spec)) == 1  # each read batch is a batch: no size to group by
-    assert PackedDataset.GROUPS is False  # its batches are blocks of tokens, not rows
+    # Packed blocks travel in groups too, batch by batch: each batch is blocks, not one frame's rows.
+    tokens = write_table(f"parquet:{tmp_path / 'tokens'}", pa.table({"tokens": [[1, 2, 3]] * 10}), split_rows=5)
+    packed = PackedDataset(tokens, column="tokens", length=4, batch_size=2)
+    assert group_size(packed) == MOST_GROUPED and not packed.sliced()
+    assert TableDataset(spec, batch_size=10).sliced() and not TableDataset(spec, batch_size=10, transform=abs).sliced()
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=1).dataset, Grouped)
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=0).dataset, TableDataset)
 

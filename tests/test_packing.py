@@ -5,6 +5,7 @@ by exact id."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, TableDataset, TableSpec, balanced, stripe
+from spiral_lightning.datasets.groups import group_size
 from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.reading.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
@@ -309,16 +311,18 @@ def test_stateful_dataloader_with_two_workers_resumes_mid_document(tmp_path: Pat
     assert len(whole) == len(loader())
     before, after = stopped_and_resumed(loader, 5)
     assert [b["tokens"].tolist() for b in before + after] == whole
-    # Each worker packs its own work list's documents: the loader takes their batches in turn.
+    # Each worker packs its own work list's documents: the loader takes their groups of batches in turn.
     dataset = PackedDataset(spec, column="tokens", length=16, batch_size=3, separator=SEPARATOR)
     per_worker = []
     for worker in range(2):
         expected = stream(consumer_docs(spec, dataset.work(Shard(0, 1, worker, 2)), lengths), SEPARATOR)
         blocks = [expected[start : start + 16] for start in range(0, len(expected) // 16 * 16, 16)]
         per_worker.append([blocks[start : start + 3] for start in range(0, len(blocks), 3)])
-    turns = [batch for pair in zip(*per_worker, strict=False) for batch in pair]
-    longer = max(per_worker, key=len)
-    assert whole == turns + longer[min(map(len, per_worker)) :]
+    size = group_size(dataset)
+    groups = [[batches[start : start + size] for start in range(0, len(batches), size)] for batches in per_worker]
+    assert whole == [
+        batch for pair in itertools.zip_longest(*groups, fillvalue=[]) for group in pair for batch in group
+    ]
 
 
 def test_a_state_of_another_stream_or_table_is_refused(tmp_path: Path) -> None:

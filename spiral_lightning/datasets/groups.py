@@ -22,7 +22,7 @@ from spiral_lightning.core.state import State
 from spiral_lightning.datasets.stuck import WatchedIterator
 from spiral_lightning.reading.convert import FrameBytes, group_tensors
 from spiral_lightning.reading.frames import Frame
-from spiral_lightning.reading.tensors import Nulls, to_torch
+from spiral_lightning.reading.tensors import Nulls
 from spiral_lightning.reading.transfer import handed_on_group, tensor_bytes
 
 #: Rows a group holds at least when its batches are smaller (fewer batches a group when larger).
@@ -53,20 +53,21 @@ def as_they_are(group: Any) -> Any:
 
 class Group(NamedTuple):
     """Batches a worker sends as one item, and its dataset's state after each of them, as
-    ``State`` values: the loader makes one plain (``State.to_dict``, which seals it) only when a
-    state is saved between two of them, instead of the worker making every one. With ``rows``,
+    ``State`` values where the dataset can (``state_now``): the loader makes one plain
+    (``State.to_dict``, which seals it) only when a state is saved between two of them, instead of
+    the worker making every one. With ``rows``,
     ``batches`` is one batch of all their rows, and batch ``i`` is its next ``rows[i]`` rows."""
 
     batches: list[Any]
-    states: list[State]
+    states: list[State | dict[str, Any]]
     rows: list[int] | None = None
 
 
 class Grouped(IterableDataset[Any]):
-    """``dataset`` (a ``TableDataset``, whose ``state()`` is what its ``state_dict`` writes) read
-    by a DataLoader worker in groups of ``size`` batches; in the main process, its batches as they
-    are. A group of plain tensor batches (``to_torch``, no transform, media or padded column) is
-    converted and copied at once, and each batch is a slice of it (``convert.group_tensors``). Its
+    """``dataset`` (a ``TableDataset`` or a kind built on it, see ``state_now``) read by a
+    DataLoader worker in groups of ``size`` batches; in the main process, its batches as they
+    are. A group of plain tensor batches (``TableDataset.sliced``) is converted and copied at once,
+    and each batch is a slice of it (``convert.group_tensors``). Its
     state is the dataset's, and every other attribute is the dataset's too, so what reads a
     loader's dataset finds the table's settings."""
 
@@ -86,10 +87,8 @@ class Grouped(IterableDataset[Any]):
             yield from self.dataset
             return
         size = self.left.pop(info.id, self.size)
-        spec = self.dataset.spec
-        plain = self.dataset.collate is to_torch and self.dataset.transform is None and not (spec.media or spec.padded)
-        for group in self._sliced(size) if plain else self._batched(size):
-            self._sent = group.states[-1].to_dict()
+        for group in self._sliced(size) if self.dataset.sliced() else self._batched(size):
+            self._sent = plain(group.states[-1])
             yield group
             self._sent = None
 
@@ -98,11 +97,11 @@ class Grouped(IterableDataset[Any]):
         # The group goes in one block: the dataset leaves its batches where they are.
         self.dataset.hands_on = False
         batches: list[Any] = []
-        states: list[State] = []
+        states: list[State | dict[str, Any]] = []
         held = 0
         for batch in self.dataset:
             batches.append(batch)
-            states.append(self.dataset.state())
+            states.append(self.dataset.state_now())
             held += tensor_bytes(batch)
             if len(batches) == size or held >= GROUP_BYTES:
                 yield Group(handed_on_group(batches), states)
@@ -118,7 +117,7 @@ class Grouped(IterableDataset[Any]):
         convert = dataset.converter()
         frame_bytes = FrameBytes()
         frames: list[tuple[Frame, int]] = []
-        states: list[State] = []
+        states: list[State | dict[str, Any]] = []
         held = 0
 
         def group() -> Group:
@@ -129,7 +128,7 @@ class Grouped(IterableDataset[Any]):
 
         for frame, first in dataset.frames():
             frames.append((frame, first))
-            states.append(dataset.state())
+            states.append(dataset.state_now())
             held += frame_bytes(frame)
             if len(frames) == size or held >= GROUP_BYTES:
                 yield group()
@@ -164,8 +163,8 @@ class GroupedIterator(WatchedIterator):
     the next to hand on (torchdata's snapshot holds the whole group), and the batches its group had
     left (``GROUP_LEFT``), so that its first group after a resume ends where this one would have."""
 
-    _pending: deque[tuple[Any, tuple[int, State, int] | None]] | None = None
-    _within: tuple[int, State, int] | None = None
+    _pending: deque[tuple[Any, tuple[int, State | dict[str, Any], int] | None]] | None = None
+    _within: tuple[int, State | dict[str, Any], int] | None = None
 
     def __next__(self) -> Any:
         if not self._pending:
@@ -193,10 +192,15 @@ class GroupedIterator(WatchedIterator):
         worker, dataset_state, left = self._within
         state = copy.deepcopy(state)
         snapshot = state["_snapshot"]
-        snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = dataset_state.to_dict()
+        snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = plain(dataset_state)
         snapshot["_last_yielded_worker_id"] = (worker - 1) % self._num_workers
         state[GROUP_LEFT] = {"worker": worker, "left": left}
         return state
+
+
+def plain(state: State | dict[str, Any]) -> dict[str, Any]:
+    """A state of a group as ``state_dict`` writes it."""
+    return state.to_dict() if isinstance(state, State) else state
 
 
 def _slices(whole: dict[str, Any], rows: list[int]) -> list[dict[str, Any]]:

@@ -68,8 +68,6 @@ class PackedDataset(TableDataset):
     # A packed stream keeps each work item's documents in stored order: shuffle=True permutes
     # blocks of documents only.
     SHUFFLES_WINDOWS = False
-    # A batch is blocks of tokens, as large as the model's context: few a second, no groups needed.
-    GROUPS = False
 
     def __init__(
         self,

@@ -342,6 +342,17 @@ class TableDataset(Consumer, IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         return self.state().to_dict()
 
+    def sliced(self) -> bool:
+        """Whether each batch is ``to_torch`` of one frame (``frames``) and nothing more, so that a
+        worker's group may convert its frames at once (``groups.Grouped``)."""
+        plain = self.collate is to_torch and self.transform is None and not (self.spec.media or self.spec.padded)
+        return plain and type(self).__iter__ is TableDataset.__iter__
+
+    def state_now(self) -> State | dict[str, Any]:
+        """The state as cheaply as it can be taken, for a worker's group to carry: ``state()``
+        where ``state_dict`` is its plain values, else (a kind that says more) ``state_dict()``."""
+        return self.state() if type(self).state_dict is TableDataset.state_dict else self.state_dict()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved over the same version, consumer, batch size, policy and
         quota, its cursor in range and intact; ``ValueError`` naming the field otherwise."""
