@@ -165,18 +165,15 @@ class StepRecord:
             before = None
         self._seen[key], self._states[key] = mark, after
         if isinstance(self.dataset, TokenBatchDataset):
-            rows = encoded(self._budget_rows(after, part["window"]))
+            rows = encoded(self._budget_rows(self.dataset, after, part["window"]))
         else:
             rows = self._rows(key[1], before, after, partly)
         self._note(step, after.epoch, rows, skipped, key[1])
 
-    def _budget_rows(self, after: State, place: Sequence[int]) -> Ranges:
+    def _budget_rows(self, dataset: TokenBatchDataset, after: State, place: Sequence[int]) -> Ranges:
         """The stored rows of the documents a token-budget step's batch took tokens of: the batch
         before ``place`` (the state's window and the batches of it taken), whose documents the
         window's plan names."""
-        dataset = self.dataset
-        if not isinstance(dataset, TokenBatchDataset):
-            raise RuntimeError("a token-budget state outside a TokenBatchDataset's record")
         window, taken = int(place[0]), int(place[1])
         items, documents = dataset.documents_of(after.shard, window if taken else window - 1, taken - 1)
         if self._work.get((None, after.shard), (None, []))[0] != after.work:
@@ -310,7 +307,7 @@ def rows(
                 raise ValueError(f"{record}, rank {owner}, line {number}: {error}") from None
             if "table" in line:
                 read = [(int(line["table"]), *ranges) for ranges in read]
-            kept[int(line["step"])] = None if line.get("skipped") else read
+            kept[int(line["step"])] = read
         for step, trained in kept.items():
             if trained is not None and (wanted is None or step in wanted):
                 found.setdefault(step, {})[rank] = trained

@@ -96,8 +96,9 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         self._position: BudgetPosition | None = None
         self._restored: tuple[State, int, int] | None = None
         self._lengths: dict[WorkItem, Ints] = {}
-        # The plan of the window ``documents_of`` planned last: a window's steps follow each other.
-        self._plan: tuple[tuple[int, tuple[int, ...], int], tuple[Pieces, list[Ints]]] | None = None
+        # The work list and plan of the window ``documents_of`` planned last: a window's steps
+        # follow each other, and each would otherwise plan the list again.
+        self._plan: tuple[tuple[int, tuple[int, ...], int], list[WorkItem], tuple[Pieces, list[Ints]]] | None = None
 
     def _on_new_epoch(self) -> None:
         self._work = None
@@ -142,14 +143,14 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         """Consumer ``shard``'s work list this epoch, and the places in its stream of the documents
         whose tokens batch ``batch`` (-1: the last) of its window ``window`` holds, in stream
         order, planned from the lengths as its reads plan them (a step record's rows)."""
-        items = self.work(shard)
         low = window * self.budget.window
         key = (self.epoch, tuple(shard), window)
         if self._plan is None or self._plan[0] != key:
+            items = self.work(shard)
             lengths = self._lengths_of(items)[low : low + self.budget.window]
             rng = window_rng(self.seed, self.epoch, tuple(shard), window)
-            self._plan = (key, plan_window(lengths, self.budget, rng))
-        found, batches = self._plan[1]
+            self._plan = (key, items, plan_window(lengths, self.budget, rng))
+        _, items, (found, batches) = self._plan
         return items, low + np.unique(found.document[batches[batch]])
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
