@@ -55,8 +55,8 @@ class Group(NamedTuple):
     """Batches a worker sends as one item, and its dataset's state after each of them, as
     ``State`` values where the dataset can (``state_now``): the loader makes one plain
     (``State.to_dict``, which seals it) only when a state is saved between two of them, instead of
-    the worker making every one. With ``rows``,
-    ``batches`` is one batch of all their rows, and batch ``i`` is its next ``rows[i]`` rows."""
+    the worker making every one. With ``rows``, ``batches`` is one batch of all their rows, and
+    batch ``i`` is its next ``rows[i]`` rows."""
 
     batches: list[Any]
     states: list[State | dict[str, Any]]
@@ -67,9 +67,9 @@ class Grouped(IterableDataset[Any]):
     """``dataset`` (a ``TableDataset`` or a kind built on it, see ``state_now``) read by a
     DataLoader worker in groups of ``size`` batches; in the main process, its batches as they
     are. A group of plain tensor batches (``TableDataset.sliced``) is converted and copied at once,
-    and each batch is a slice of it (``convert.group_tensors``). Its
-    state is the dataset's, and every other attribute is the dataset's too, so what reads a
-    loader's dataset finds the table's settings."""
+    and each batch is a slice of it (``convert.group_tensors``). Its state is the dataset's, and
+    every other attribute is the dataset's too, so what reads a loader's dataset finds the table's
+    settings."""
 
     def __init__(self, dataset: Any, size: int) -> None:
         self.dataset = dataset

@@ -9,10 +9,9 @@ consumer that shuffles in windows (a range a row) names its rows by its consumer
 and after it instead (``"list"``, ``"from"``, ``"to"``), and the consumer's work list, window rows
 and window key are written once, in a ``"list"`` line before its first step: the reader draws the
 windows' orders again (``planning.delivered.rows_between``), so the trainer's step pays for a few
-numbers, not a thousand ranges. Steps are
-numbered as ``skip_steps`` numbers them. A header discards what the file says of its
-``from_step`` and later steps: a run resumed from an earlier checkpoint reads those steps again,
-and what it reads then is what the record keeps.
+numbers, not a thousand ranges. Steps are numbered as ``skip_steps`` numbers them. A header
+discards what the file says of its ``from_step`` and later steps: a run resumed from an earlier
+checkpoint reads those steps again, and what it reads then is what the record keeps.
 """
 
 from __future__ import annotations
