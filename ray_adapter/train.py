@@ -104,9 +104,9 @@ def train_loader(
     ``(table, weight)`` pairs reads a ``Mixture`` of them (``stop`` and ``table_key`` as there),
     and ``windows`` a ``WindowDataset`` of the table; such kinds count their own batches, so with
     ``even_batches`` every rank reads the fewest batches any rank has in each epoch.
-    ``tokens`` batches whole documents by a token budget (a ``TokenBatchDataset``, resumed under
-    the saved ranks and workers only); ``record`` (a folder or uri) notes each batch's stored rows
-    at the rank's step, its batches since the run began (``spiral_lightning.record``).
+    ``tokens`` batches whole documents by a token budget (a ``TokenBatchDataset``); ``record`` (a
+    folder or uri) notes each batch's stored rows at the rank's step, its batches since the run
+    began (``spiral_lightning.record``).
     ``access="map"`` reads rows by index, drawn by a sampler that shuffles the table with ``seed``
     and the epoch (``map_train.MapLoader``: set its epoch with ``loader.set_epoch``).
 

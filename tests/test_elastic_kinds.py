@@ -628,3 +628,34 @@ def test_a_mixture_saved_after_its_last_batch_resumes_ended(make_table: Callable
         resumed = Mixture(pairs, batch_size=8, columns=["id"], stop=stop)
         resumed.load_state_dict(finished.state_dict())
         assert list(resumed) == []
+
+
+@pytest.mark.parametrize("kind", ["table", "windows"])
+def test_a_state_saved_right_after_a_re_plan_starts_the_remainder(
+    make_table: Callable[..., TableSpec], kind: str
+) -> None:
+    spec = make_table([500, 500], columns=["id"])
+
+    def dataset(rank: int, world_size: int) -> TableDataset | WindowDataset:
+        if kind == "table":
+            return TableDataset(spec, batch_size=10, rank=rank, world_size=world_size)
+        return WindowDataset(spec, windows=Windows(size=4, stride=4), batch_size=10, rank=rank, world_size=world_size)
+
+    def ids(batches: Any) -> list[int]:
+        return [int(i) for batch in batches for i in batch["id"].flatten().tolist()]
+
+    saving = dataset(0, 1)
+    read = iter(saving)
+    before = ids(next(read) for _ in range(7))
+    states = [saving.state_dict()]
+    # This dataset read a whole pass before the re-plan: its position then must not leak into the re-planned epoch.
+    replanned = [dataset(rank, 2) for rank in range(2)]
+    after: list[int] = []
+    for rank, resumed in enumerate(replanned):
+        ids(resumed)
+        resumed.load_elastic(states)
+        again = dataset(rank, 2)
+        again.load_elastic(states)
+        again.load_state_dict(resumed.state_dict())
+        after += ids(again)
+    assert sorted(set(before + after)) == sorted(ids(dataset(0, 1))) and len(before + after) == len(set(before + after))

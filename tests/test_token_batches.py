@@ -212,13 +212,21 @@ class Recorder(pl.LightningModule):
 
 
 @pytest.mark.slow
-def test_the_datamodule_resumes_a_token_budget_epoch_mid_way(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_datamodule_resumes_a_token_budget_epoch_mid_way(tmp_path: Path, workers: int) -> None:
+    """Resumed with the saved worker count, and with another, which re-plans the epoch."""
     lengths = np.random.default_rng(4).integers(1, 200, 600)
     spec = corpus(tmp_path / "corpus", lengths)
     budget = TokenBudget("tokens", max_tokens=800)
 
     def fit(model: Recorder, steps: int, ckpt_path: Path | None = None) -> None:
-        data = SpiralDataModule(spec, tokens=budget, shuffle=True, num_workers=0, record=str(tmp_path / "record"))
+        data = SpiralDataModule(
+            spec,
+            tokens=budget,
+            shuffle=True,
+            num_workers=0 if ckpt_path is None else workers,
+            record=str(tmp_path / "record"),
+        )
         saves = ModelCheckpoint(tmp_path, every_n_train_steps=7, save_top_k=-1, filename="{step}")
         options: dict[str, Any] = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
         trainer = pl.Trainer(max_epochs=1, max_steps=steps, callbacks=[saves], default_root_dir=tmp_path, **options)

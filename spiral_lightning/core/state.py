@@ -219,23 +219,17 @@ def check_cursor(cursor: Cursor, items: Sequence[WorkItem]) -> None:
     )
 
 
-def check_same_topology(kind: str, saved: Shard, current: Shard, *, elastic: bool = True) -> None:
+def check_same_topology(kind: str, saved: Shard, current: Shard) -> None:
     """``ValueError`` when a ``kind`` state saved by consumer ``saved`` meets a consumer of
     another number of ranks or workers: one consumer's state cannot continue there, so the error
-    names ``load_elastic``, which re-plans the epoch from every saved consumer's state, or, for a
-    kind that cannot re-plan (``elastic=False``), says so."""
+    names ``load_elastic``, which re-plans the epoch from every saved consumer's state."""
     if (saved.world_size, saved.workers) == (current.world_size, current.workers):
         return
-    remedy = (
-        f"re-plan the epoch with {kind}.load_elastic(every saved consumer's state, lineage=the lineage() saved "
-        "beside them), or resume under the saved ranks and workers"
-        if elastic
-        else f"resume under the saved ranks and workers (an elastic re-plan of a {kind} is not built yet)"
-    )
     raise ValueError(
         f"the {kind} state was saved by a consumer of {saved.world_size} ranks x {saved.workers} workers, and is "
         f"restored into one of {current.world_size} ranks x {current.workers} workers; one consumer's state "
-        f"continues only under its own ranks and workers: {remedy}"
+        f"continues only under its own ranks and workers: re-plan the epoch with {kind}.load_elastic(every saved "
+        "consumer's state, lineage=the lineage() saved beside them), or resume under the saved ranks and workers"
     )
 
 

@@ -194,6 +194,8 @@ class TableDataset(Consumer, IterableDataset[Any]):
         )
         self.set_epoch(saved[0].epoch)
         self.replan(remainder.plan, saved[0].epoch, found, keep=keep)
+        # The re-planned list is unread: a state saved before the next pass is at its start.
+        self._on_new_epoch()
         self._resume = None
 
     def __len__(self) -> int:

@@ -4,7 +4,9 @@ documents' lengths so that every batch count is known ahead and a resume continu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,18 @@ from spiral_lightning.core.state import State, check_same_topology, check_saved
 from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
+from spiral_lightning.planning.elastic import replan
+from spiral_lightning.planning.lineage import RowLineage
+from spiral_lightning.planning.lists import Pieces as Items
 from spiral_lightning.planning.policies import policy_name
-from spiral_lightning.planning.token_batches import Ints, Pieces, count_batches, plan_window, window_rng
+from spiral_lightning.planning.token_batches import (
+    Ints,
+    Pieces,
+    count_batches,
+    delivered_documents,
+    plan_window,
+    window_rng,
+)
 from spiral_lightning.reading.frames import start_of
 from spiral_lightning.reading.token_batches import BudgetPosition, PlanKey, count_lengths, read_batches
 from spiral_lightning.reading.transfer import handed_on
@@ -50,8 +62,10 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
     SpiralDataModule gives every DDP rank the fewest batches any rank has. ``state_dict`` /
     ``load_state_dict`` follow torchdata's ``StatefulDataLoader``: the state is the cursor of the
     current window's first document and the batches of that window delivered, so a resume reads
-    at most one window again and continues exactly. A state resumes under the ranks and workers
-    it was saved with; an elastic re-plan is refused.
+    at most one window again and continues exactly. Under other ranks or workers,
+    ``load_elastic`` shares the documents no saved consumer delivered (those of a window it was
+    in, less the ones its delivered batches held) among the new consumers, which batch them
+    afresh: every document once in the epoch.
     """
 
     # Windows are planned shortest first: a shuffle permutes blocks of documents only.
@@ -153,13 +167,45 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         _, items, (found, batches) = self._plan
         return items, low + np.unique(found.document[batches[batch]])
 
-    def load_elastic(self, states: Sequence[Mapping[str, Any]], *lineage: Any, **options: Any) -> None:
-        """Refused: see the class."""
-        raise ValueError(
-            "a TokenBatchDataset resumes only under the world size and worker count it was saved with: its "
-            "batches are planned per consumer, and a re-plan of the documents no consumer delivered is not built "
-            "yet; resume with the saved topology, or start the epoch afresh"
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], lineage: Mapping[str, Any] | None = None) -> None:
+        """Continue an epoch saved by every consumer of another topology (``states``, their
+        ``state_dict``s; ``lineage``, the ``lineage()`` saved beside states of an epoch re-planned
+        before): the documents none of them delivered are shared among this dataset's consumers
+        with ``balanced`` cuts, each once, and batched by them; later epochs plan as usual.
+        ``ValueError`` when the states are not one epoch of one version, policy and budget, or
+        when a consumer was inside a window of a filtered table or had delivered part of a split
+        document (neither can be shared as whole stored rows)."""
+        parsed = [self._parsed(state) for state in states]
+        saved = [table for table, _, _ in parsed]
+        if saved and saved[0].version != self.spec.version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
+        windows = [(window, taken) for _, window, taken in parsed]
+        inside = [table.shard for table, _, taken in parsed if taken]
+        if inside and self.spec.filter is not None:
+            raise ValueError(
+                f"{_KIND} consumer {tuple(inside[0])} was saved inside a window of a filtered table: which stored rows "
+                "its delivered documents were is known only by reading the window. Resume under the saved ranks and "
+                "workers, or re-plan a table read without a filter"
+            )
+        earlier = None if lineage is None else RowLineage.from_dict(lineage)
+        filtered = self.spec.filter is not None
+        found, remainder = replan(
+            self.source(), self.policy, saved, earlier, filtered=filtered, holes=self.window_holes(), windows=windows
         )
+        self.set_epoch(saved[0].epoch)
+        self.replan(remainder.plan, saved[0].epoch, found)
+        # The re-planned list is unread: a state saved before the next pass is at its start.
+        self._on_new_epoch()
+        self._restored = None
+
+    def window_holes(self) -> TokenHoles:
+        """The documents a saved consumer's batches delivered of the window it was in."""
+        return TokenHoles(self.budget, self.seed, self._window_lengths)
+
+    def _window_lengths(self, items: list[WorkItem]) -> Ints:
+        """The token counts of ``items``' documents, in order, read now (a re-plan's few windows)."""
+        found = count_lengths(self.source(), items)
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _state(self, shard: Shard) -> State:
         return State(
@@ -170,6 +216,7 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
             policy=policy_name(self.policy),
             work=self._work,
             cursor=None if self._position is None else self._position.cursor,
+            remainder=self.lineage_digest(),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,6 +238,19 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state saved by a dataset over the same version, consumer, policy and
         budget; ``ValueError`` naming what differs otherwise."""
+        saved, index, taken = self._parsed(state)
+        shard = self.shard()
+        check_same_topology(_KIND, saved.shard, shard)
+        self.check_lineage(_KIND, saved)
+        saved.check_matches(self._state(shard))
+        self.set_epoch(saved.epoch)
+        self.check_loaded(_KIND, saved, self.work(), windows=False, rows=False)
+        integrity.check_digest(state, _KIND, saved.where())
+        self._restored = (saved, index, taken)
+
+    def _parsed(self, state: Mapping[str, Any]) -> tuple[State, int, int]:
+        """The table state of a ``state_dict``, its window and the batches of it taken, once its
+        budget is this dataset's; ``ValueError`` naming what differs or is damaged otherwise."""
         check_saved(state, _KIND, TOKEN_BATCHES_FORMAT, ("table", "budget", "window"))
         saved_budget, now = state["budget"], self.budget.settings()
         if saved_budget != now:
@@ -205,14 +265,7 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
             raise ValueError(f"the {_KIND} state's window must be [index, batches taken], not {window!r}")
         index = check_count(f"the {_KIND} state's window index", window[0])
         taken = check_count(f"the {_KIND} state's batches taken", window[1])
-        saved = State.from_dict(state["table"], check_digest=False)
-        shard = self.shard()
-        check_same_topology(_KIND, saved.shard, shard, elastic=False)
-        saved.check_matches(self._state(shard))
-        self.set_epoch(saved.epoch)
-        self.check_loaded(_KIND, saved, self.work(), windows=False, rows=False)
-        integrity.check_digest(state, _KIND, saved.where())
-        self._restored = (saved, index, taken)
+        return State.from_dict(state["table"], check_digest=False), index, taken
 
     def __iter__(self) -> Iterator[Any]:
         shard, items, work = self.begin()
@@ -229,3 +282,30 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
             self._position = after
             made = batch if self.transform is None else self.transform(batch)
             yield handed_on(made) if self.hands_on else made
+
+
+@dataclass(frozen=True)
+class TokenHoles:
+    """What a consumer saved in the middle of a token-budget window had delivered of it: the
+    documents its first batches held, found by planning the window again from its documents'
+    lengths (``lengths`` reads them for work items) under ``budget`` and ``seed``."""
+
+    budget: TokenBudget
+    seed: int
+    lengths: Callable[[list[WorkItem]], Ints]
+
+    @property
+    def name(self) -> str:
+        """The budget and seed the windows were planned under, pinned in a lineage."""
+        return "tokens " + json.dumps([self.seed, *self.budget.settings()], separators=(",", ":"))
+
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Items) -> np.ndarray:
+        sizes = np.minimum(np.cumsum(rows.end - rows.start), self.budget.window)
+        ends = rows.start + sizes - np.concatenate(([0], sizes[:-1]))
+        kept = ends > rows.start
+        items = rows._replace(end=ends).take(np.flatnonzero(kept)).items()
+        rng = window_rng(self.seed, epoch, tuple(shard), window)
+        try:
+            return delivered_documents(self.lengths(items), self.budget, rng, taken)
+        except ValueError as error:
+            raise ValueError(f"the {_KIND} state of consumer {tuple(shard)} in window {window}: {error}") from None

@@ -191,7 +191,8 @@ class WindowDataset(IterableDataset[Any]):
         self._remainder = remainder
         self._remainder_epoch = saved[0].epoch
         self._lineage = found
-        self._resume = None
+        # The re-planned list is unread: a state saved before the next pass is at its start.
+        self._resume = self._position = self._work = None
 
     def lineage(self) -> dict[str, Any] | None:
         """While this epoch continues a re-plan, what makes its remainder again (see

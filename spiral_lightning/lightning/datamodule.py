@@ -419,7 +419,7 @@ class SpiralDataModule(pl.LightningDataModule):
 
     def _lineage(self, loader: SpiralLoader) -> dict[str, Any] | None:
         """What makes the remainder of the epoch ``loader`` reads again, when it is re-planned."""
-        if isinstance(loader.table, TableDataset | Mixture):
+        if isinstance(loader.table, TableDataset | Mixture | WindowDataset | TokenBatchDataset):
             return loader.table.lineage()
         return None if self._map_training is None else self._map_training.lineage()
 

@@ -16,7 +16,9 @@ the window's rows in the window's shuffled order. Its link also holds the window
 the rows taken: without a filter the window's rows are the consumer's next ``buffer_rows`` stored
 rows, so the rows taken are found again from the window's order (``shuffle.window_order``) and
 left out of the remainder. Under a filter they are not known without reading the window, so such
-a state is refused, naming what to do instead.
+a state is refused, naming what to do instead. What a consumer took of its window is a kind's own
+(``WindowHoles``): ``ShuffleHoles`` for a shuffle window's rows, and a token-budget window's
+delivered documents for ``TokenBatchDataset``; the lineage names which by ``RowLineage.windows``.
 
 The *share* is the policy the new consumers cut the remainder with: ``balanced`` for rows, and
 ``stripe`` (whole pieces) for ``WindowDataset``, whose windows span consecutive rows of one piece
@@ -27,7 +29,8 @@ its *lead*: the rows after the piece's first row at which its next window starts
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -48,6 +51,45 @@ class Counted(Protocol):
     def count(self, items: Sequence[WorkItem]) -> list[int]: ...
 
 
+class WindowHoles(Protocol):
+    """What a kind's consumer saved inside one of its windows had delivered of it: ``name`` is
+    pinned in the lineage (``RowLineage.windows``), and a call gives the places (sorted) of the
+    rows consumer ``shard`` delivered of its window ``window`` in ``epoch``, ``taken`` the
+    window's progress as its state counts it, ``rows`` its undelivered stored rows laid end to
+    end, beginning at the window's first row."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ShuffleHoles:
+    """The rows a consumer took of a shuffle window of ``policy`` (a ``Shuffled`` with
+    ``buffer_rows``): the first ``taken`` of the window's order, a window being the consumer's
+    next ``buffer_rows`` stored rows."""
+
+    policy: Policy
+    name: ClassVar[str] = ""
+
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces) -> np.ndarray:
+        policy = self.policy
+        if not isinstance(policy, Shuffled) or not policy.buffer_rows:
+            raise ValueError(
+                f"the re-plan lineage says consumers were inside shuffle windows, but the policy "
+                f"{policy_name(policy)} shuffles in no windows; the lineage belongs to another dataset"
+            )
+        size = min(policy.buffer_rows, int((rows.end - rows.start).sum()))
+        if taken >= size:
+            raise ValueError(
+                f"saved consumer {tuple(shard)} took {taken} rows of a shuffle window of {size}; the state or the "
+                "lineage was edited or damaged"
+            )
+        taken_rows: np.ndarray = np.sort(window_order(window_key(policy.seed, epoch, shard), window, size)[:taken])
+        return taken_rows
+
+
 #: Saved consumers whose work lists are checked against their states' fingerprints in a re-plan:
 #: a policy that changed gives every consumer another list, so a spread sample finds it.
 _CHECKED = 64
@@ -63,6 +105,8 @@ def replan(
     share: Policy = balanced,
     leads: Sequence[int] | None = None,
     finished: Collection[Shard] = (),
+    holes: WindowHoles | None = None,
+    windows: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[RowLineage, Remainder]:
     """The lineage of the epoch ``states`` were saved in, now re-planned, and its remainder.
 
@@ -72,7 +116,10 @@ def replan(
     policy the consumers of every re-plan cut their remainder with (``balanced``, or ``stripe``
     for whole pieces). ``leads`` gives each state's lead (windows), and ``finished`` the saved
     consumers that delivered their whole list, whatever their cursor says (a ``Mixture``
-    consumer whose epoch ended on this table)."""
+    consumer whose epoch ended on this table). ``holes`` finds what a consumer took of its window
+    (``ShuffleHoles`` of the policy when ``None``), and ``windows`` gives each state's window and
+    its progress there when the kind counts them outside the cursor (token budgets)."""
+    holes = ShuffleHoles(policy) if holes is None else holes
     world_size, workers = _check_topology(states)
     first = _check_alike(states, policy)
     links: tuple[Link, ...] = ()
@@ -93,23 +140,51 @@ def replan(
                 f"the states name lineage {first.remainder} of version {first.version}, epoch {first.epoch}; "
                 f"the lineage given is {earlier.digest} of version {earlier.version}, epoch {earlier.epoch}"
             )
+        _check_windows(earlier, holes)
         links = earlier.links
-    remainder, current = _walk(source, policy, first.epoch, links, share)
+    remainder, current = _walk(source, policy, first.epoch, links, share, holes)
     grouped, lead = _grouped(current, remainder, world_size, workers, first.epoch)
-    link = _link(source, grouped, lead, states, world_size, workers, filtered=filtered, leads=leads, finished=finished)
-    lineage = RowLineage(first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share))
-    return lineage, _undelivered(grouped, lead, link, policy, first.epoch)
+    link = _link(
+        source,
+        grouped,
+        lead,
+        states,
+        (world_size, workers),
+        filtered=filtered,
+        leads=leads,
+        finished=finished,
+        windows=windows,
+    )
+    lineage = RowLineage(
+        first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share), holes.name
+    )
+    return lineage, _undelivered(grouped, lead, link, holes, first.epoch)
 
 
-def remainder_of(source: Counted, policy: Policy, lineage: RowLineage, share: Policy = balanced) -> Remainder:
+def remainder_of(
+    source: Counted, policy: Policy, lineage: RowLineage, share: Policy = balanced, holes: WindowHoles | None = None
+) -> Remainder:
     """The remainder ``lineage`` describes: what the consumers of its last re-plan share with
-    ``share``; ``ValueError`` when it was made for another policy or share."""
+    ``share`` (``holes`` as for ``replan``); ``ValueError`` when it was made for another policy,
+    share or kind of window."""
+    holes = ShuffleHoles(policy) if holes is None else holes
     if (lineage.policy, lineage.share) != (policy_name(policy), policy_name(share)):
         raise ValueError(
             f"the re-plan lineage {lineage.digest} is of policy {lineage.policy} shared with {lineage.share}, not "
             f"{policy_name(policy)} shared with {policy_name(share)}; it belongs to another dataset"
         )
-    return _walk(source, policy, lineage.epoch, lineage.links, share)[0]
+    _check_windows(lineage, holes)
+    return _walk(source, policy, lineage.epoch, lineage.links, share, holes)[0]
+
+
+def _check_windows(lineage: RowLineage, holes: WindowHoles) -> None:
+    """``ValueError`` when ``lineage`` was made by a kind whose windows are not ``holes``'."""
+    if lineage.windows != holes.name:
+        raise ValueError(
+            f"the re-plan lineage {lineage.digest} was made for windows {lineage.windows or 'of shuffled rows'!r}, "
+            f"but this dataset's are {holes.name or 'of shuffled rows'!r}: it belongs to another dataset, or one of "
+            "another token budget or seed"
+        )
 
 
 def share_of(remainder: Remainder, share: Policy, shard: Shard) -> tuple[list[WorkItem], list[int]]:
@@ -123,14 +198,14 @@ def share_of(remainder: Remainder, share: Policy, shard: Shard) -> tuple[list[Wo
 
 
 def _walk(
-    source: Counted, policy: Policy, epoch: int, links: Sequence[Link], share: Policy
+    source: Counted, policy: Policy, epoch: int, links: Sequence[Link], share: Policy, holes: WindowHoles
 ) -> tuple[Remainder, Policy]:
     """What the consumers after ``links`` cut their lists from: the plan under ``policy``, or
     the last link's remainder under ``share``."""
     remainder, current = Remainder(as_plan(source.splits), np.zeros(len(source.splits), dtype=np.int64)), policy
     for link in links:
         grouped, lead = _grouped(current, remainder, link.world_size, link.workers, epoch)
-        remainder, current = _undelivered(grouped, lead, link, policy, epoch), share
+        remainder, current = _undelivered(grouped, lead, link, holes, epoch), share
     return remainder, current
 
 
@@ -154,11 +229,11 @@ def _starts(lists: Pieces, consumers: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.cumsum(counts) - counts
 
 
-def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, policy: Policy, epoch: int) -> Remainder:
+def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, holes: WindowHoles, epoch: int) -> Remainder:
     """The rows of ``lists`` (grouped by owner, each item with its ``lead``) that ``link``'s
     positions had not reached, in consumer order, as stored ranges with their leads, each
-    consumer's first with the link's; the rows a consumer took from its shuffle window
-    (``policy``'s ``buffer_rows``, in ``epoch``) are left out too."""
+    consumer's first with the link's; the rows a consumer took from its window (``holes``, in
+    ``epoch``) are left out too."""
     counts, first = _starts(lists, link.world_size * link.workers)
     # Each consumer's undelivered items are one run of its grouped list, from item ``items[c]``:
     # marked by a running sum of +1 at each run's first item and -1 after its last.
@@ -176,38 +251,22 @@ def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, policy: Policy, ep
     rest = Pieces(lists.split[kept], start[kept], lists.end[kept], lists.owner[kept])
     if link.inside_windows:
         # Leads are WindowDataset's, which reads its lists unshuffled: a link has leads or windows, never both.
-        rest = _without_taken(rest, link, policy, epoch)
+        rest = _without_taken(rest, link, holes, epoch)
         return Remainder(Plan.of(rest.split, rest.start, rest.end), np.zeros(rest.split.size, dtype=np.int64))
     return Remainder(Plan.of(rest.split, rest.start, rest.end), leads[kept])
 
 
-def _without_taken(rest: Pieces, link: Link, policy: Policy, epoch: int) -> Pieces:
+def _without_taken(rest: Pieces, link: Link, holes: WindowHoles, epoch: int) -> Pieces:
     """``rest`` (undelivered pieces grouped by owner, each consumer's beginning at its window)
-    without the rows each consumer had taken from its window. Without a filter a window is the
-    consumer's next ``buffer_rows`` stored rows, and its order gives the rows taken."""
-    if not isinstance(policy, Shuffled) or not policy.buffer_rows:
-        raise ValueError(
-            f"the re-plan lineage says consumers were inside shuffle windows, but the policy {policy_name(policy)} "
-            "shuffles in no windows; the lineage belongs to another dataset"
-        )
+    without the rows each consumer had taken from its window, as ``holes`` finds them."""
     parts: list[Pieces] = []
     done = 0
     for consumer in np.flatnonzero(link.taken).tolist():
         low, high = np.searchsorted(rest.owner, [consumer, consumer + 1])
         parts.append(rest.take(np.arange(done, low)))
         mine = rest.take(np.arange(low, high))
-        rows = int((mine.end - mine.start).sum())
-        window = min(policy.buffer_rows, rows)
-        taken = int(link.taken[consumer])
-        if taken >= window:
-            raise ValueError(
-                f"saved consumer {consumer} of {link.world_size}x{link.workers} took {taken} rows of a shuffle "
-                f"window of {window}; the state or the lineage was edited or damaged"
-            )
         shard = Shard(consumer // link.workers, link.world_size, consumer % link.workers, link.workers)
-        key = window_key(policy.seed, epoch, shard)
-        order = window_order(key, int(link.windows[consumer]), window)
-        parts.append(_holed(mine, np.sort(order[:taken])))
+        parts.append(_holed(mine, holes(shard, epoch, int(link.windows[consumer]), int(link.taken[consumer]), mine)))
         done = high
     parts.append(rest.take(np.arange(done, rest.owner.size)))
     return Pieces(*(np.concatenate([getattr(part, name) for part in parts]) for name in Pieces._fields))
@@ -230,21 +289,23 @@ def _link(
     lists: Pieces,
     lead_of: np.ndarray,
     states: Sequence[State],
-    world_size: int,
-    workers: int,
+    topology: tuple[int, int],
     *,
     filtered: bool,
     leads: Sequence[int] | None,
     finished: Collection[Shard],
+    windows: Sequence[tuple[int, int]] | None,
 ) -> Link:
-    """Where each saved consumer's undelivered rows begin in its list of ``lists``, with its
-    lead from ``leads`` (by state), or its first item's (``lead_of``, by item) before it read;
-    a consumer of ``finished`` has none left."""
+    """Where each saved consumer of ``topology`` (world size, workers) begins its undelivered
+    rows in its list of ``lists``, with its lead from ``leads`` (by state), or its first item's
+    (``lead_of``, by item) before it read, and its window and progress there from ``windows`` (by
+    state), else its cursor's; a consumer of ``finished`` has none left."""
+    world_size, workers = topology
     consumers = world_size * workers
     counts, first = _starts(lists, consumers)
     items = np.zeros(consumers, dtype=np.int64)
     rows = np.zeros(consumers, dtype=np.int64)
-    windows = np.zeros(consumers, dtype=np.int64)
+    found_windows = np.zeros(consumers, dtype=np.int64)
     taken = np.zeros(consumers, dtype=np.int64)
     lead = np.zeros(consumers, dtype=np.int64)
     checked = set(np.linspace(0, consumers - 1, min(consumers, _CHECKED)).round().astype(int).tolist())
@@ -271,16 +332,18 @@ def _link(
             )
         items[consumer] = cursor.item
         lead[consumer] = 0 if leads is None else leads[number]
-        if cursor.taken:
+        window, progress = (cursor.window, cursor.taken) if windows is None else windows[number]
+        if progress:
             if filtered:
+                # A kind that gives ``windows`` refuses a filtered table inside them itself, in its own words.
                 raise ValueError(
-                    f"consumer {tuple(state.shard)} was saved inside shuffle window {cursor.window} of a filtered "
-                    f"table, {cursor.taken} of its rows delivered: which stored rows those were is known only by "
+                    f"consumer {tuple(state.shard)} was saved inside shuffle window {window} of a filtered "
+                    f"table, {progress} of its rows delivered: which stored rows those were is known only by "
                     "reading the window. Resume under the saved ranks and workers (a state saved where every "
                     "consumer is at a window's start re-plans: a batch_size dividing buffer_rows gives such states "
                     "every buffer_rows // batch_size batches), or re-plan a table read without a filter"
                 )
-            windows[consumer], taken[consumer] = cursor.window, cursor.taken
+            found_windows[consumer], taken[consumer] = window, progress
         if cursor.item >= counts[consumer]:
             continue
         index = mine.start + cursor.item
@@ -295,7 +358,7 @@ def _link(
             if filtered
             else min(cursor.row + cursor.skip, end)
         )
-    return Link(world_size, workers, items, rows, windows, taken, lead)
+    return Link(world_size, workers, items, rows, found_windows, taken, lead)
 
 
 def _first_undelivered(source: Counted, item: WorkItem, skip: int) -> int:

@@ -84,9 +84,10 @@ class Link(NamedTuple):
     """One re-plan's input: ``world_size`` x ``workers`` saved consumers and, for consumer ``c``
     (``rank * workers + worker``), the index ``items[c]`` of the first item of its work list
     with undelivered rows and the stored row ``rows[c]`` they begin at (``items[c]`` is the
-    list's length when the consumer was done). A consumer inside a shuffle window begins its
-    window there: ``windows[c]`` numbers the window and ``taken[c]`` counts its rows delivered
-    (0 outside a window). ``leads[c]`` is the lead of a windowed consumer (0 for rows)."""
+    list's length when the consumer was done). A consumer inside a window (of shuffled rows, or
+    of a token budget's documents) begins its window there: ``windows[c]`` numbers the window
+    and ``taken[c]`` counts its progress there (rows, or batches, delivered; 0 outside a
+    window). ``leads[c]`` is the lead of a windowed consumer (0 for rows)."""
 
     world_size: int
     workers: int
@@ -114,7 +115,9 @@ class Remainder(NamedTuple):
 class RowLineage(Lineage):
     """The lineage of a re-plan of stored rows: the plan of ``version`` by the ``policy`` (by
     name) and ``epoch`` of the first lists, one ``Link`` per re-plan since, in order, and the
-    ``share`` (by name) each re-plan's consumers cut their remainder with."""
+    ``share`` (by name) each re-plan's consumers cut their remainder with. ``windows`` names the
+    kind of window a link's ``windows`` and ``taken`` count in (``WindowHoles.name``): empty for
+    shuffle windows of rows."""
 
     KIND: ClassVar[str] = "re-plan"
 
@@ -123,11 +126,14 @@ class RowLineage(Lineage):
     epoch: int
     links: tuple[Link, ...]
     share: str = BALANCED
+    windows: str = ""
 
     def _digest_parts(self) -> Iterator[bytes]:
         yield f"{self.version};{self.policy};{self.epoch}".encode()
         if self.share != BALANCED:
             yield f";{self.share}".encode()
+        if self.windows:
+            yield f";windows {self.windows}".encode()
         for link in self.links:
             yield f";{link.world_size}x{link.workers}:".encode()
             yield link.items.astype("<i8").tobytes()
@@ -148,13 +154,20 @@ class RowLineage(Lineage):
         }
         if self.share != BALANCED:
             data["share"] = self.share
+        if self.windows:
+            data["windows"] = self.windows
         return data
 
     @classmethod
     def _parse(cls, data: Mapping[str, Any]) -> Self:
         links = tuple(_link_of(link) for link in data["links"])
         return cls(
-            str(data["version"]), str(data["policy"]), int(data["epoch"]), links, str(data.get("share", BALANCED))
+            str(data["version"]),
+            str(data["policy"]),
+            int(data["epoch"]),
+            links,
+            str(data.get("share", BALANCED)),
+            str(data.get("windows", "")),
         )
 
     def _check(self) -> None:

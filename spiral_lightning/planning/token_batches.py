@@ -114,3 +114,29 @@ def count_batches(lengths: Ints, budget: TokenBudget, seed: int, epoch: int, con
         len(plan_window(window, budget, window_rng(seed, epoch, consumer, index))[1])
         for index, window in windows_of(lengths, budget)
     )
+
+
+def delivered_documents(lengths: Ints, budget: TokenBudget, rng: np.random.Generator, taken: int) -> Ints:
+    """The documents (places in the window, sorted) of a window of documents of ``lengths`` tokens
+    whose tokens its first ``taken`` batches delivered, planned with ``rng`` as its reads plan it:
+    what an elastic re-plan leaves out of the window. ``ValueError`` when the window plans no more
+    than ``taken`` batches, or when a split document was delivered in part (its other pieces are
+    in batches not delivered, which a re-plan of whole documents cannot continue)."""
+    found, batches = plan_window(lengths, budget, rng)
+    if taken >= len(batches):
+        raise ValueError(
+            f"{taken} of its batches were delivered, but the window of {len(lengths)} documents plans {len(batches)}; "
+            "the state was edited or damaged, or saved under another seed or table"
+        )
+    done = np.concatenate(batches[:taken]) if taken else np.zeros(0, dtype=np.int64)
+    documents, delivered = np.unique(found.document[done], return_counts=True)
+    pieces_of = np.bincount(found.document, minlength=len(lengths))[documents]
+    if (partly := delivered < pieces_of).any():
+        first = int(documents[np.argmax(partly)])
+        raise ValueError(
+            f"{int(delivered[np.argmax(partly)])} of the {int(pieces_of[np.argmax(partly)])} pieces of its document "
+            f"{first} (long='split') were delivered and the others were not; a re-plan shares whole documents, so "
+            "resume under the saved ranks and workers, or save where no split document is half delivered"
+        )
+    kept: Ints = documents.astype(np.int64)
+    return kept
