@@ -7,7 +7,8 @@ Changes: 2 -> 1 ranks, 2 -> 3 ranks, batch 64 -> 96 and, for a mixture, new weig
 Hypothesis over where each rank stopped (in process, each rank one consumer); and 2 -> 3
 DataLoader workers through real loaders. ``access="map"`` re-plans through the DataModule's sampler
 (tests/test_elastic_kinds.py), and 2-process DDP runs resumed as one process are in
-tests/test_datamodule_mixture.py and tests/test_packing_elastic.py.
+tests/test_datamodule_mixture.py and tests/test_packing_elastic.py. ``TokenBatchDataset`` re-plans
+(two in a row, over budgets, seeds and stops) are in tests/test_token_elastic.py.
 """
 
 from __future__ import annotations
