@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
 from spiral_lightning.datasets.record import LISTED_RANGES, decoded, encoded
-from spiral_lightning.planning.delivered import rows_between
+from spiral_lightning.planning.delivered import kept_positions, rows_between
 from spiral_lightning.planning.policies import window_order
 
 
@@ -64,3 +64,54 @@ def test_a_records_ranges_read_back_as_written(found: list[tuple[int, int, int]]
     line = json.loads(json.dumps(encoded(np.array(ranges, dtype=np.int64).reshape(-1, 3))))
     assert decoded(line) == ranges
     assert ("packed" in line) == (len(ranges) > LISTED_RANGES)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    window_rows=st.sampled_from([0, 1, 7, 25, 1000]),
+    places=st.tuples(st.integers(0, 300), st.integers(0, 300)),
+    keep=st.lists(st.booleans(), min_size=240, max_size=240),
+    from_item_start=st.booleans(),
+)
+def test_under_a_filter_the_rows_between_two_places_are_the_kept_rows_delivered_between_them(
+    sizes: list[int], window_rows: int, places: tuple[int, int], keep: list[bool], from_item_start: bool
+) -> None:
+    items = [WorkItem(split, 10 * split, 10 * split + size) for split, size in enumerate(sizes)]
+    stored = [(item.split, row) for item in items for row in range(item.start, item.end)]
+    kept = [position for position in range(len(stored)) if keep[position]]
+    # Each split's kept rows, with a row outside the item that the split holds beside it.
+    kept_rows = {stored[position] for position in kept}
+    by_split = [
+        np.array([item.start - 1, *(row for split, row in stored if split == item.split and (split, row) in kept_rows)])
+        for item in items
+    ]
+    assert kept_positions(items, by_split).tolist() == kept
+    key = (3, 1, 0, 1, 0, 1)
+
+    def cursor(place: int, window: int, taken: int) -> Cursor:
+        """Output row ``place``'s cursor, counted from its item's first row or from its own."""
+        if place == len(kept):
+            return Cursor(len(items), 0, 0, window, taken)
+        split, row = stored[kept[place]]
+        earlier = sum(1 for position in kept[:place] if stored[position][0] == split)
+        return (
+            Cursor(split, items[split].start, earlier, window, taken)
+            if from_item_start
+            else Cursor(split, row, 0, window, taken)
+        )
+
+    order: list[int] = []
+    cursors: list[Cursor] = []
+    start, window = 0, 0
+    while start < len(kept):
+        rows = len(kept) if not window_rows else min(window_rows, len(kept) - start)
+        shuffled = window_order(key, window, rows) if window_rows else np.arange(rows)
+        for taken in range(rows):
+            cursors.append(cursor(start + taken, 0, 0) if not window_rows else cursor(start, window, taken))
+            order.append(start + int(shuffled[taken]))
+        start, window = start + rows, window + 1
+    cursors.append(cursor(len(kept), window, 0))
+    low, high = sorted(min(place, len(kept)) for place in places)
+    found = rows_between(items, None if low == 0 else cursors[low], cursors[high], window_rows, key, np.array(kept))
+    rows = [(split, row) for split, first, end in found.tolist() for row in range(first, end)]
+    assert rows == sorted(stored[kept[position]] for position in order[low:high])

@@ -13,10 +13,23 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from pyarrow.fs import FileSelector
 
-from spiral_lightning import MixedTable, Packing, Shuffled, SpiralDataModule, TableDataset, TableSpec
+from spiral_lightning import (
+    MixedTable,
+    PackedDataset,
+    Packing,
+    Shuffled,
+    SpiralDataModule,
+    TableDataset,
+    TableSpec,
+    TokenBatchDataset,
+    TokenBudget,
+    Windows,
+    write_table,
+)
 from spiral_lightning.core.storage import StorageOptions
 from spiral_lightning.datasets.record import StepRecord
 from spiral_lightning.lightning.cli import main
+from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.record import rows
 from tests.lightning_job import TABLE_IDS, Recorder
 from tests.objectstore import S3Server
@@ -90,10 +103,10 @@ def test_the_command_prints_a_steps_rows_and_kinds_it_cannot_record_are_refused(
     with pytest.raises(SystemExit):
         main(["record", str(tmp_path / "nowhere")])
     assert "no record folder" in capsys.readouterr().err
-    filtered = SpiralDataModule(TableSpec(spec.uri, filter="id < 500"), record=str(tmp_path / "r2"))
+    windowed = SpiralDataModule(spec, windows=Windows(4), record=str(tmp_path / "r2"))
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
-    with pytest.raises(ValueError, match="not for a filtered table"):
-        trainer.fit(Recorder(), datamodule=filtered)
+    with pytest.raises(ValueError, match="not for WindowDataset: a window's rows overlap"):
+        trainer.fit(Recorder(), datamodule=windowed)
     remote = SpiralDataModule(spec, record="s3://no-such-bucket/record")
     with pytest.raises(ValueError, match="the record folder 's3://no-such-bucket/record' cannot be reached"):
         trainer.fit(Recorder(), datamodule=remote)
@@ -224,3 +237,78 @@ def test_a_shuffled_steps_line_holds_its_cursors_and_reads_back_as_its_rows(
     written.write_text("\n".join(line for line in lines if '"items"' not in line) + "\n")
     with pytest.raises(ValueError, match=r"rank 0, line 2: step 0 names work list 0, which no line before it holds"):
         rows(tmp_path / "record")
+
+
+FILTERED_LENGTHS = [int(n) for n in np.random.default_rng(8).integers(1, 40, 900)]
+
+
+def filtered_dataset(spec: TableSpec, kind: str) -> Any:
+    """A dataset of ``kind`` over ``spec``, keeping two rows of every three (``keep < 2``)."""
+    if kind == "rows":
+        return TableDataset(spec, columns=["id"], filter="keep < 2", batch_size=37)
+    if kind == "windows":
+        policy = Shuffled(block_rows=50, buffer_rows=128)
+        return TableDataset(spec, columns=["id"], filter="keep < 2", batch_size=37, policy=policy)
+    if kind == "packed":
+        return PackedDataset(spec, column="tokens", length=16, batch_size=2, separator=-1, filter="keep < 2")
+    return TokenBatchDataset(spec, budget=TokenBudget("tokens", max_tokens=200, window=32, pad=-1), filter="keep < 2")
+
+
+FILTERED_CASES = [("rows", 2, "parquet"), ("rows", 0, "spiral"), ("windows", 0, "parquet"), ("packed", 0, "parquet")]
+
+
+@pytest.mark.parametrize(("kind", "workers", "backend"), [*FILTERED_CASES, ("tokens", 0, "spiral")])
+def test_the_record_of_a_filtered_table_names_the_kept_rows_each_step_read(
+    tmp_path: Path, kind: str, workers: int, backend: str
+) -> None:
+    spec = write_table(f"{backend}:{tmp_path / 'corpus'}", corpus(FILTERED_LENGTHS), split_rows=300)
+    owner = {token: number for number, document in enumerate(documents(FILTERED_LENGTHS)) for token in document}
+    dataset = filtered_dataset(spec, kind)
+    loader = dataset.loader(num_workers=workers)
+    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(loader):
+        record.note(step, consumer_states(loader.state_dict()))
+        if kind in ("rows", "windows"):
+            seen.append({int(i) for i in batch["id"].tolist()})
+        else:
+            seen.append({owner[int(token)] for token in batch["tokens"].flatten().tolist() if token >= 0})
+    record.flush()
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == list(range(len(seen))) and len(seen) > 5
+    # Row i of the table is stored row i % 300 of split i // 300.
+    noted = [
+        {300 * split + row for split, start, end in recorded[step][0] for row in range(start, end)} for step in recorded
+    ]
+    kept = {i for i in range(len(FILTERED_LENGTHS)) if i % 3 < 2}
+    assert set().union(*noted) <= kept
+    if kind == "packed":
+        # Every document a step's blocks took tokens of, and at most one more: the one whose
+        # separator alone opened the step.
+        assert all(read <= step and len(step - read) <= 1 for read, step in zip(seen, noted, strict=True))
+    else:
+        assert noted == seen
+        assert sorted(i for step in noted for i in step) == sorted(kept)
+
+
+def test_the_record_of_filtered_map_access_names_the_kept_rows_of_each_step(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    # Split 0 holds ids 0-999, split 1 ids 1000-1499; the filter keeps scattered runs of both.
+    spec = make_table(
+        [1000, 500], columns=["id", "x"], filter="id < 150 OR id BETWEEN 700 AND 1200 OR id IN (300, 302)"
+    )
+    model = fit(tmp_path / "map", spec, None, access="map", num_workers=0)
+    recorded = rows(tmp_path / "record")
+    noted = {
+        step: sorted(1000 * split + row for split, low, high in ranks[0] for row in range(low, high))
+        for step, ranks in recorded.items()
+    }
+    assert noted == {step: sorted(ids) for _, step, ids in model.seen}
+    assert sorted(i for _, step, ids in model.seen if step < len(model.seen) // 2 for i in ids) == [
+        *range(150),
+        300,
+        302,
+        *range(700, 1201),
+    ]

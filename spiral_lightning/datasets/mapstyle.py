@@ -161,12 +161,19 @@ class TableMapDataset(Dataset[Any]):
         return self._ends
 
     def ranges(self, indices: Sequence[int]) -> np.ndarray:
-        """The stored rows of ``indices`` (row numbers of the table, read without a filter) as
-        ``[split, start, end]`` ranges in index order, consecutive rows of a split in one range."""
+        """The stored rows of ``indices`` (row numbers of the table) as ``[split, start, end]``
+        ranges in index order, consecutive rows of a split in one range; under a filter, the
+        stored rows it kept that the numbers name (found once per split, reading the filter's
+        columns)."""
         wanted = np.asarray(indices, dtype=np.int64)
         if not wanted.size:
             return np.zeros((0, 3), dtype=np.int64)
         split, row = self._located(wanted)
+        if self.spec.filter is not None:
+            row = row.copy()
+            for number in np.unique(split).tolist():
+                mine = split == number
+                row[mine] = self.source().kept(number)[row[mine]]
         breaks = np.flatnonzero((np.diff(split) != 0) | (np.diff(row) != 1)) + 1
         starts = np.concatenate(([0], breaks)).astype(np.int64)
         lengths = np.diff(np.concatenate((starts, [wanted.size])))

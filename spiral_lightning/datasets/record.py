@@ -9,7 +9,9 @@ consumer that shuffles in windows (a range a row) names its rows by its consumer
 and after it instead (``"list"``, ``"from"``, ``"to"``), and the consumer's work list, window rows
 and window key are written once, in a ``"list"`` line before its first step: the reader draws the
 windows' orders again (``planning.delivered.rows_between``), so the trainer's step pays for a few
-numbers, not a thousand ranges. Steps are numbered as ``skip_steps`` numbers them. A header
+numbers, not a thousand ranges. Under a filter a cursor counts the rows the filter kept, so the
+writer finds each consumer's kept rows once (``Source.kept``, reading the filter's columns of each
+split once) and writes the step's stored rows as ranges. Steps are numbered as ``skip_steps`` numbers them. A header
 discards what the file says of its ``from_step`` and later steps: a run resumed from an earlier
 checkpoint reads those steps again, and what it reads then is what the record keeps.
 """
@@ -28,12 +30,13 @@ import numpy as np
 from spiral_lightning.core.plan import Shard, WorkItem, fingerprint
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.core.storage import StorageOptions
+from spiral_lightning.datasets.consumer import Consumer
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
-from spiral_lightning.planning.delivered import Ranges, rows_between, stored_ranges
+from spiral_lightning.planning.delivered import Positions, Ranges, kept_positions, rows_between, stored_ranges
 from spiral_lightning.planning.policies import Shuffled, window_key
 from spiral_lightning.sources.record_files import RecordFiles, check_reachable, read_ranks
 
@@ -84,18 +87,15 @@ def decoded(
 def check_recordable(dataset: Any, folder: str | Path, options: StorageOptions | None = None) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
     rows, a ``PackedDataset``, a ``Mixture`` of them, a ``TokenBatchDataset`` or a
-    ``TableMapDataset``, read without a filter (a kind that batches otherwise, or a filter, makes a
-    batch's stored rows more than its cursors tell), in a folder or object store that can be
-    reached."""
+    ``TableMapDataset`` (a kind that batches otherwise, windows, makes a batch's stored rows more
+    than its cursors tell), in a folder or object store that can be reached."""
     tables = dataset.tables if type(dataset) is Mixture else [dataset]
     kinds = (TableDataset, PackedDataset, TokenBatchDataset, TableMapDataset)
-    if any(type(table) not in kinds or table.spec.filter is not None for table in tables):
-        kind = type(dataset)
+    if any(type(table) not in kinds for table in tables):
         raise ValueError(
             "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture, token budget or "
-            f"map access read without a filter, not for "
-            f"{'a filtered table' if kind in (*kinds, Mixture) else kind.__name__}; a record of windows and "
-            "filtered tables is not built yet: leave record unset"
+            f"map access, not for {type(dataset).__name__}: a window's rows overlap and skip rows, which its "
+            "cursors do not tell, and a record of windows is not built yet; leave record unset"
         )
     check_reachable(str(folder), options)
 
@@ -128,6 +128,8 @@ class StepRecord:
         self._work: dict[tuple[int | None, Shard], tuple[str | None, list[WorkItem]]] = {}
         # The number of each "list" line written, by table, consumer, work list and window key.
         self._lists: dict[tuple[int | None, Shard, str | None, tuple[int, ...]], int] = {}
+        # Under a filter, the stream positions of the rows it kept of each consumer's work list.
+        self._kept: dict[tuple[int | None, Shard], tuple[str | None, Positions]] = {}
 
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
@@ -179,7 +181,22 @@ class StepRecord:
             if fingerprint(items) != after.work:
                 raise RuntimeError(f"the record found another work list for consumer {tuple(after.shard)} than it read")
             self._work[None, after.shard] = (after.work, items)
-        return stored_ranges(items, documents)
+        kept = self._kept_of(dataset, None, after, items)
+        return stored_ranges(items, documents if kept is None else kept[documents])
+
+    def _kept_of(
+        self, dataset: Consumer, table: int | None, after: State, items: Sequence[WorkItem]
+    ) -> Positions | None:
+        """Under a filter, the stream positions of the rows it kept of ``items``, the work list
+        of ``after``'s consumer (of mixture table ``table``), found once a list; else ``None``."""
+        if dataset.spec.filter is None:
+            return None
+        found = self._kept.get((table, after.shard))
+        if found is None or found[0] != after.work:
+            source = dataset.source()
+            found = (after.work, kept_positions(items, [source.kept(item.split) for item in items]))
+            self._kept[table, after.shard] = found
+        return found[1]
 
     def note_rows(self, step: int, epoch: int, ranges: Ranges, skipped: bool = False, table: int | None = None) -> None:
         """Note the batch of ``step`` in ``epoch`` by its stored rows ``ranges`` (of mixture table
@@ -222,8 +239,10 @@ class StepRecord:
             raise RuntimeError(f"consumer {tuple(shard)} delivered a batch but its state has no cursor")
         cursor = after.cursor._replace(skip=after.cursor.skip + 1) if partly else after.cursor
         start = None if before is None else before.cursor
-        if not window:
-            return encoded(rows_between(items, start, cursor))
+        kept = self._kept_of(dataset, table, after, items)
+        if not window or kept is not None:
+            # A reader has no filter to find kept rows with: a filtered step's line holds its ranges.
+            return encoded(rows_between(items, start, cursor, window, key, kept))
         listed = (table, shard, after.work, key)
         if listed not in self._lists:
             self._lists[listed] = number = len(self._lists)

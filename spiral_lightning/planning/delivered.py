@@ -1,10 +1,10 @@
 """The stored rows a consumer delivered between two of its cursors: arithmetic on its work list
-alone, no reading (for a table read without a filter, whose output rows are its stored rows).
+and, for a filtered table, the rows its filter kept (``kept_positions``), no reading.
 
-A consumer's stream is its work list's rows laid end to end. The rows delivered before a cursor
-are the stream's rows before the cursor's row, and, for a cursor inside a shuffle window
-(``Shuffled(buffer_rows=...)``), the rows of that window its order put first; a batch's rows are
-those delivered after its cursor and not before.
+A consumer's stream is its work list's rows laid end to end; under a filter, the kept ones among
+them. The rows delivered before a cursor are the stream's rows before the cursor's row, and, for
+a cursor inside a shuffle window (``Shuffled(buffer_rows=...)``), the rows of that window its
+order put first; a batch's rows are those delivered after its cursor and not before.
 """
 
 from __future__ import annotations
@@ -35,27 +35,48 @@ def _offsets(items: Sequence[WorkItem]) -> Positions:
 _order = functools.lru_cache(maxsize=16)(window_order)
 
 
-def _position(items: Sequence[WorkItem], offsets: Positions, cursor: Cursor) -> int:
-    """The stream row ``cursor`` points at (for a cursor in a window, the window's first row)."""
+def kept_positions(items: Sequence[WorkItem], kept: Sequence[Positions]) -> Positions:
+    """The stream positions of the rows a filter kept of ``items``, from ``kept[i]``, the kept
+    stored rows (sorted) of the split of ``items[i]`` (a source's ``kept``)."""
+    offsets = _offsets(items)
+    parts = [
+        offsets[index] + rows[(rows >= item.start) & (rows < item.end)] - item.start
+        for index, (item, rows) in enumerate(zip(items, kept, strict=True))
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _position(items: Sequence[WorkItem], offsets: Positions, cursor: Cursor, kept: Positions | None) -> int:
+    """The stream row ``cursor`` points at (for a cursor in a window, the window's first row);
+    with ``kept``, its place among the kept rows, whose ``skip`` the cursor counts."""
     if cursor.item >= len(items):
-        return int(offsets[-1])
-    return int(offsets[cursor.item] + cursor.row + cursor.skip - items[cursor.item].start)
+        return int(offsets[-1]) if kept is None else len(kept)
+    stored = int(offsets[cursor.item] + cursor.row - items[cursor.item].start)
+    return stored + cursor.skip if kept is None else int(np.searchsorted(kept, stored)) + cursor.skip
 
 
 def rows_between(
-    items: Sequence[WorkItem], before: Cursor | None, after: Cursor, window_rows: int = 0, key: Sequence[int] = ()
+    items: Sequence[WorkItem],
+    before: Cursor | None,
+    after: Cursor,
+    window_rows: int = 0,
+    key: Sequence[int] = (),
+    kept: Positions | None = None,
 ) -> Ranges:
     """The stored rows of ``items`` delivered after ``before`` (``None``: the list's start) up to
     ``after``, as ranges in stream order (``window_rows`` and ``key``: the consumer's shuffle
-    windows, see ``planning.policies.window_order``)."""
+    windows, see ``planning.policies.window_order``; ``kept``: under a filter, the stream
+    positions of the rows it kept, see ``kept_positions``)."""
     offsets = _offsets(items)
-    low = 0 if before is None else _position(items, offsets, before)
-    high = _position(items, offsets, after)
-    if not window_rows:
+    low = 0 if before is None else _position(items, offsets, before, kept)
+    high = _position(items, offsets, after, kept)
+    if not window_rows and kept is None:
         return _stored(items, offsets, low, high)
+    if not window_rows:
+        return stored_ranges(items, np.asarray(kept)[low:high])
     # Window by window: the rest of ``before``'s window in its order, whole windows between, and
     # the first ``after.taken`` rows of ``after``'s window in its order.
-    total, key = int(offsets[-1]), tuple(key)
+    total, key = int(offsets[-1]) if kept is None else len(kept), tuple(key)
     window, taken = (0, 0) if before is None else (before.window, before.taken)
     parts: list[Positions] = []
     while low < high or (low == high and after.taken > taken):
@@ -67,7 +88,8 @@ def rows_between(
         low, window, taken = low + rows, window + 1, 0
     if not parts:
         return np.zeros((0, 3), dtype=np.int64)
-    return _ranges_at(items, offsets, np.sort(np.concatenate(parts)))
+    positions = np.sort(np.concatenate(parts))
+    return _ranges_at(items, offsets, positions if kept is None else kept[positions])
 
 
 def stored_ranges(items: Sequence[WorkItem], positions: Positions) -> Ranges:

@@ -421,8 +421,9 @@ class ParquetSource:
         read = self._decoded(file, group, lambda: reader.read_row_group(group, columns=stored), pending)
         return self._lake.conform(file, read, schema)
 
-    def _kept(self, split: int) -> np.ndarray:
-        """The stored rows of ``split`` the filter keeps, read once per source."""
+    def kept(self, split: int) -> np.ndarray:
+        if self._filter is None:
+            return np.arange(self._splits.starts[split], self._splits.ends[split], dtype=np.int64)
         if split not in self._kept_rows:
             keys = self._read_group(split, self._filter_schema)
             numbered = keys.append_column("__stored_row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
@@ -435,7 +436,7 @@ class ParquetSource:
         for split, positions in takes:
             rows = np.asarray(positions, dtype=np.int64)
             if self._filter is not None:
-                rows = self._kept(split)[rows]
+                rows = self.kept(split)[rows]
             if split not in groups:
                 groups[split] = self._read_group(split, self._schema)
             parts.append(groups[split].take(pa.array(rows)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from spiral_lightning.core.plan import Plan, WorkItem
@@ -64,6 +65,11 @@ class Source(Reader, Protocol):
 
     def count(self, items: Sequence[WorkItem]) -> list[int]:
         """The exact rows each item returns after the filter, reading only the filter's columns."""
+        ...
+
+    def kept(self, split: int) -> np.ndarray:
+        """The stored rows of ``split`` (int64, in order) that the filter keeps, all of them
+        without one: found once per source, reading only the filter's columns."""
         ...
 
     def take(self, takes: Sequence[Take]) -> pa.Table:

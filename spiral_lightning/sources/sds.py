@@ -216,9 +216,10 @@ class SdsSource:
         columns = [self._layout.column(name, records) for name in self._columns]
         return pa.RecordBatch.from_arrays(columns, schema=self._schema)
 
-    def _kept(self, split: int) -> np.ndarray:
-        """The stored rows of ``split`` the filter keeps, from its records' metadata alone, read
-        once per source."""
+    def kept(self, split: int) -> np.ndarray:
+        # From the records' metadata alone.
+        if self._filter is None:
+            return np.arange(self._splits.starts[split], self._splits.ends[split], dtype=np.int64)
         if split not in self._kept_rows:
             first, rows = self._first_ordinals[split], self._splits[split].end
             schema = pa.schema([self._layout.schema.field(name) for name in self._filter_columns])
@@ -239,7 +240,7 @@ class SdsSource:
         """The stored rows of ``item`` the reads return, in stored order."""
         if self._filter is None:
             return np.arange(item.start, item.end, dtype=np.int64)
-        kept = self._kept(item.split)
+        kept = self.kept(item.split)
         return kept[np.searchsorted(kept, item.start) : np.searchsorted(kept, item.end)]
 
     def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
@@ -268,7 +269,7 @@ class SdsSource:
         for split, positions in takes:
             rows = np.asarray(positions, dtype=np.int64)
             if self._filter is not None:
-                rows = self._kept(split)[rows]
+                rows = self.kept(split)[rows]
             ordinals.extend((rows + self._first_ordinals[split]).tolist())
         with self._reading:
             records = self._dataset.__getitems__(ordinals)

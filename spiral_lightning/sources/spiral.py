@@ -336,6 +336,11 @@ class SpiralSource:
             return self._scan.take([spiral.Take(split, positions) for split, positions in takes])
         return self._unfiltered.take(takes)
 
+    def kept(self, split: int) -> np.ndarray:
+        if self._filter is None:
+            return np.arange(self._splits.starts[split], self._splits.ends[split], dtype=np.int64)
+        return self._unfiltered.kept(split)
+
     @cached_property
     def _unfiltered(self) -> _KeptRows:
         """What filtered takes read through, opened on the first one: spiral-sdk takes no
@@ -373,7 +378,7 @@ class _KeptRows:
     def _stored(self, split: int, positions: Sequence[int]) -> spiral.Take:
         """The take of the unfiltered scan that reads ``positions`` of filtered ``split``."""
         wanted = np.asarray(positions, dtype=np.int64)
-        kept = self._kept_rows(split)
+        kept = self.kept(split)
         if wanted.size and (wanted.min() < 0 or wanted.max() >= kept.size):
             outside = int(wanted[(wanted < 0) | (wanted >= kept.size)][0])
             raise IndexError(
@@ -382,7 +387,7 @@ class _KeptRows:
         index, start = self._in_rows[split]
         return spiral.Take(index, (kept[wanted] - start).tolist())
 
-    def _kept_rows(self, split: int) -> np.ndarray:
+    def kept(self, split: int) -> np.ndarray:
         """The stored rows (fragment row numbers) of filtered ``split`` that the filter keeps."""
         if split not in self._kept:
             index, _ = self._in_keys[split]
