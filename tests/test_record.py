@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from pyarrow.fs import FileSelector
@@ -23,11 +24,12 @@ from spiral_lightning import (
     TableSpec,
     TokenBatchDataset,
     TokenBudget,
+    WindowDataset,
     Windows,
     write_table,
 )
 from spiral_lightning.core.storage import StorageOptions
-from spiral_lightning.datasets.record import StepRecord
+from spiral_lightning.datasets.record import StepRecord, check_recordable
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.record import rows
@@ -103,10 +105,9 @@ def test_the_command_prints_a_steps_rows_and_kinds_it_cannot_record_are_refused(
     with pytest.raises(SystemExit):
         main(["record", str(tmp_path / "nowhere")])
     assert "no record folder" in capsys.readouterr().err
-    windowed = SpiralDataModule(spec, windows=Windows(4), record=str(tmp_path / "r2"))
+    with pytest.raises(ValueError, match="not for list; leave record unset"):
+        check_recordable([1, 2], tmp_path / "r2")
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
-    with pytest.raises(ValueError, match="not for WindowDataset: a window's rows overlap"):
-        trainer.fit(Recorder(), datamodule=windowed)
     remote = SpiralDataModule(spec, record="s3://no-such-bucket/record")
     with pytest.raises(ValueError, match="the record folder 's3://no-such-bucket/record' cannot be reached"):
         trainer.fit(Recorder(), datamodule=remote)
@@ -312,3 +313,48 @@ def test_the_record_of_filtered_map_access_names_the_kept_rows_of_each_step(
         302,
         *range(700, 1201),
     ]
+
+
+@pytest.mark.parametrize(
+    ("windows", "filtered", "workers"),
+    # Windows(4, stride=17): a split's 12 windows are 4 batches, and the next window would start past its end.
+    [(Windows(5, stride=3, group_by="episode"), True, 2), (Windows(4, stride=17), False, 0), (Windows(3), True, 0)],
+)
+def test_the_record_of_windows_names_the_rows_of_each_steps_windows_through_a_resume(
+    tmp_path: Path, windows: Windows, filtered: bool, workers: int
+) -> None:
+    ids = np.arange(600)
+    table = pa.table({"id": ids, "episode": ids // 37, "keep": ids % 5})
+    spec = write_table(f"spiral:{tmp_path / 'episodes'}", table, split_rows=200)
+    options: dict[str, Any] = {"columns": ["id", "episode"], "filter": "keep != 3" if filtered else None}
+
+    def loader() -> Any:
+        dataset = WindowDataset(TableSpec(spec.uri, **options), windows=windows, batch_size=3, policy="balanced")
+        return dataset, dataset.loader(num_workers=workers)
+
+    def read(record: StepRecord, loader: Any, steps: range) -> list[set[int]]:
+        seen = []
+        for step, batch in zip(steps, loader, strict=False):
+            record.note(step, consumer_states(loader.state_dict()))
+            seen.append({int(i) for i in batch["id"].flatten().tolist()})
+        record.flush()
+        return seen
+
+    dataset, first = loader()
+    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = read(record, first, range(5))
+    state = first.state_dict()
+    del first
+    dataset, resumed = loader()
+    resumed.load_state_dict(state)
+    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=5)
+    record.begin(consumer_states(state))
+    seen += read(record, resumed, range(5, 10_000))
+    recorded = rows(tmp_path / "record")
+    assert sorted(recorded) == list(range(len(seen))) and len(seen) > 10
+    # Row i of the table is stored row i % 200 of split i // 200.
+    noted = [
+        {200 * split + row for split, low, high in recorded[step][0] for row in range(low, high)} for step in recorded
+    ]
+    assert noted == seen

@@ -11,7 +11,9 @@ and window key are written once, in a ``"list"`` line before its first step: the
 windows' orders again (``planning.delivered.rows_between``), so the trainer's step pays for a few
 numbers, not a thousand ranges. Under a filter a cursor counts the rows the filter kept, so the
 writer finds each consumer's kept rows once (``Source.kept``, reading the filter's columns of each
-split once) and writes the step's stored rows as ranges. Steps are numbered as ``skip_steps`` numbers them. A header
+split once) and writes the step's stored rows as ranges. A ``WindowDataset`` step's rows are its
+windows' rows, from where the consumer's windows lie (``WindowDataset.places``, found once a work
+list). Steps are numbered as ``skip_steps`` numbers them. A header
 discards what the file says of its ``from_step`` and later steps: a run resumed from an earlier
 checkpoint reads those steps again, and what it reads then is what the record keeps.
 """
@@ -36,8 +38,17 @@ from spiral_lightning.datasets.mixture import Mixture
 from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
-from spiral_lightning.planning.delivered import Positions, Ranges, kept_positions, rows_between, stored_ranges
+from spiral_lightning.datasets.windows import WindowDataset
+from spiral_lightning.planning.delivered import (
+    Positions,
+    Ranges,
+    kept_positions,
+    rows_between,
+    stored_ranges,
+    stream_place,
+)
 from spiral_lightning.planning.policies import Shuffled, window_key
+from spiral_lightning.reading.windows import WindowPlaces
 from spiral_lightning.sources.record_files import RecordFiles, check_reachable, read_ranks
 
 #: The version of the lines a record holds.
@@ -86,16 +97,14 @@ def decoded(
 
 def check_recordable(dataset: Any, folder: str | Path, options: StorageOptions | None = None) -> None:
     """``ValueError`` unless ``dataset``'s steps can be recorded in ``folder``: a ``TableDataset`` of
-    rows, a ``PackedDataset``, a ``Mixture`` of them, a ``TokenBatchDataset`` or a
-    ``TableMapDataset`` (a kind that batches otherwise, windows, makes a batch's stored rows more
-    than its cursors tell), in a folder or object store that can be reached."""
+    rows, a ``PackedDataset``, a ``Mixture`` of them, a ``TokenBatchDataset``, a ``WindowDataset``
+    or a ``TableMapDataset``, in a folder or object store that can be reached."""
     tables = dataset.tables if type(dataset) is Mixture else [dataset]
-    kinds = (TableDataset, PackedDataset, TokenBatchDataset, TableMapDataset)
+    kinds = (TableDataset, PackedDataset, TokenBatchDataset, TableMapDataset, WindowDataset)
     if any(type(table) not in kinds for table in tables):
         raise ValueError(
-            "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture, token budget or "
-            f"map access, not for {type(dataset).__name__}: a window's rows overlap and skip rows, which its "
-            "cursors do not tell, and a record of windows is not built yet; leave record unset"
+            "record= notes the stored rows of each step for a TableDataset, PackedDataset, Mixture, token budget, "
+            f"windows or map access, not for {type(dataset).__name__}; leave record unset"
         )
     check_reachable(str(folder), options)
 
@@ -114,9 +123,10 @@ class StepRecord:
         self, folder: str | Path, dataset: Any, rank: int, from_step: int, options: StorageOptions | None = None
     ) -> None:
         check_recordable(dataset, folder, options)
-        self.dataset: TableDataset | Mixture | TokenBatchDataset = dataset
+        self.dataset: TableDataset | Mixture | TokenBatchDataset | WindowDataset = dataset
         self.files = RecordFiles(str(folder), rank, options)
-        header = {"format": RECORD_FORMAT, "version": dataset.version, "rank": rank, "from_step": from_step}
+        version = dataset.table.version if isinstance(dataset, WindowDataset) else dataset.version
+        header = {"format": RECORD_FORMAT, "version": version, "rank": rank, "from_step": from_step}
         if isinstance(dataset, Mixture):
             header["versions"] = [table.spec.version for table in dataset.tables]
         self._lines = [json.dumps(header)]
@@ -130,15 +140,19 @@ class StepRecord:
         self._lists: dict[tuple[int | None, Shard, str | None, tuple[int, ...]], int] = {}
         # Under a filter, the stream positions of the rows it kept of each consumer's work list.
         self._kept: dict[tuple[int | None, Shard], tuple[str | None, Positions]] = {}
+        # A WindowDataset consumer's last lead, and its work list and windows' places by fingerprint.
+        self._leads: dict[Part, int] = {}
+        self._places: dict[Shard, tuple[str | None, list[WorkItem], WindowPlaces]] = {}
 
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
         order; none for a pass from an epoch's start)."""
-        self._seen, self._states = {}, {}
+        self._seen, self._states, self._leads = {}, {}, {}
         for index, state in enumerate(states):
             for table, part in _parts(state):
                 self._seen[index, table] = part.get("digest") if isinstance(part, Mapping) else part
                 self._states[index, table] = part if isinstance(part, State) else _cursor_state(part)[0]
+                self._leads[index, table] = part.get("lead", 0) if isinstance(part, Mapping) else 0
 
     def note(self, step: int, states: Sequence[Mapping[str, Any] | State], skipped: bool = False) -> None:
         """Note the batch of ``step``: the rows between the previous and the new state of the one
@@ -165,8 +179,11 @@ class StepRecord:
         if before is not None and before.epoch != after.epoch:
             before = None
         self._seen[key], self._states[key] = mark, after
+        lead, self._leads[key] = self._leads.get(key, 0), part.get("lead", 0) if isinstance(part, Mapping) else 0
         if isinstance(self.dataset, TokenBatchDataset):
             rows = encoded(self._budget_rows(self.dataset, after, part["window"]))
+        elif isinstance(self.dataset, WindowDataset):
+            rows = encoded(self._window_rows(self.dataset, (before, lead), (after, self._leads[key])))
         else:
             rows = self._rows(key[1], before, after, partly)
         self._note(step, after.epoch, rows, skipped, key[1])
@@ -183,6 +200,30 @@ class StepRecord:
             self._work[None, after.shard] = (after.work, items)
         kept = self._kept_of(dataset, None, after, items)
         return stored_ranges(items, documents if kept is None else kept[documents])
+
+    def _window_rows(
+        self, dataset: WindowDataset, before: tuple[State | None, int], after: tuple[State, int]
+    ) -> Ranges:
+        """The stored rows of the windows a step's batch held: those between the consumer's
+        positions (each a state and its lead) ``before`` and ``after``, found among the places of
+        its windows (``WindowDataset.places``, found once a work list)."""
+        state = after[0]
+        found = self._places.get(state.shard)
+        if found is None or found[0] != state.work:
+            items, places = dataset.places(state.shard)
+            if fingerprint(items) != state.work:
+                raise RuntimeError(f"the record found another work list for consumer {tuple(state.shard)} than it read")
+            found = self._places[state.shard] = (state.work, items, places)
+        _, items, places = found
+        kept = self._kept_of(dataset.table, None, state, items)
+
+        def windows_before(position: tuple[State | None, int]) -> int:
+            cursor = None if position[0] is None else position[0].cursor
+            return 0 if cursor is None else places.before(stream_place(items, cursor, kept), position[1])
+
+        starts = places.starts[windows_before(before) : windows_before(after)]
+        positions = np.unique((starts[:, None] + np.arange(dataset.windows.size)).ravel())
+        return stored_ranges(items, positions if kept is None else kept[positions])
 
     def _kept_of(
         self, dataset: Consumer, table: int | None, after: State, items: Sequence[WorkItem]
@@ -280,7 +321,7 @@ def _cursor_state(state: Mapping[str, Any]) -> tuple[State, bool]:
     at was partly delivered: a ``PackedDataset``'s cursor names the document its next block
     starts in, and a token offset says the blocks before took some of it, so a packed step's
     rows are every document its blocks touched."""
-    if "budget" in state:
+    if "budget" in state or "windows" in state:
         return State.from_dict(state["table"], check_digest=False), False
     if "packing" not in state:
         return State.from_dict(state, check_digest=False), False

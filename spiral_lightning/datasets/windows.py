@@ -34,8 +34,16 @@ from spiral_lightning.planning.policies import policy_name, stripe
 from spiral_lightning.reading.frames import LAST_MODES, Last, start_of
 from spiral_lightning.reading.tensors import Nulls, to_torch
 from spiral_lightning.reading.transfer import handed_on
-from spiral_lightning.reading.windows import WindowPosition, Windows, count_windows, read_windows, stack
-from spiral_lightning.sources import open_source
+from spiral_lightning.reading.windows import (
+    WindowPlaces,
+    WindowPosition,
+    Windows,
+    count_windows,
+    read_windows,
+    stack,
+    window_places,
+)
+from spiral_lightning.sources import Source, open_source
 
 #: Moved to ``spiral_lightning.reading.windows``; importable from here as before.
 __all__ = ["WINDOWS_FORMAT", "WindowDataset", "WindowPosition", "Windows", "read_windows", "stack"]
@@ -143,14 +151,24 @@ class WindowDataset(IterableDataset[Any]):
         """The exact batches this rank yields in this epoch through a DataLoader with ``workers``
         workers (0 reads in the main process): each consumer's windows, counted from its items'
         kept rows, or by reading the group column alone (``reading.windows.count_windows``)."""
-        group_by = self.windows.group_by
-        source = self.table.source() if group_by is None else open_source(replace(self.table.spec, columns=(group_by,)))
+        source = self._runs_source()
         consumers, total = max(1, workers), 0
         for worker in range(consumers):
             items, leads = self.work(Shard(self.table.rank, self.table.world_size, worker, consumers))
             found = count_windows(source, items, leads, self.windows)
             total += -(-found // self.batch_size) if self.last == "keep_partial" else found // self.batch_size
         return total
+
+    def _runs_source(self) -> Source:
+        """What a consumer's runs are found through: the table's source, or one of the group column alone."""
+        group_by = self.windows.group_by
+        return self.table.source() if group_by is None else open_source(replace(self.table.spec, columns=(group_by,)))
+
+    def places(self, shard: Shard) -> tuple[list[WorkItem], WindowPlaces]:
+        """Consumer ``shard``'s work list this epoch and where its windows lie in its stream,
+        found from its items' kept rows or its group column's runs (a step record's rows)."""
+        items, leads = self.work(shard)
+        return items, window_places(self._runs_source(), items, leads, self.windows)
 
     def work(self, shard: Shard | None = None) -> tuple[list[WorkItem], list[int]]:
         """The work list of ``shard`` (this process's consumer) in this epoch and each item's lead:

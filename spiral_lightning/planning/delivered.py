@@ -55,6 +55,11 @@ def _position(items: Sequence[WorkItem], offsets: Positions, cursor: Cursor, kep
     return stored + cursor.skip if kept is None else int(np.searchsorted(kept, stored)) + cursor.skip
 
 
+def stream_place(items: Sequence[WorkItem], cursor: Cursor, kept: Positions | None = None) -> int:
+    """The stream row ``cursor`` points at in ``items`` (with ``kept``, among the kept rows)."""
+    return _position(items, _offsets(items), cursor, kept)
+
+
 def rows_between(
     items: Sequence[WorkItem],
     before: Cursor | None,

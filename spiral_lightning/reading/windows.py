@@ -213,16 +213,53 @@ def count_windows(source: Source, items: Sequence[WorkItem], leads: Sequence[int
     """The windows ``read_windows`` cuts from ``items`` (with their ``leads``) read through
     ``source``, without cutting one: each item's kept rows counted, or, with a group column, the
     runs of its values read from ``source`` (a source of that column alone is enough)."""
+    return sum(window_count(rows, lead, windows) for rows, lead in _runs(source, items, leads, windows))
+
+
+class WindowPlaces(NamedTuple):
+    """Where a consumer's windows lie in its stream (the rows it reads, laid end to end):
+    ``starts``, each window's first row, and ``ends``, where each run ends, both in order."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def before(self, place: int, lead: int) -> int:
+        """The number of windows before the next one of a ``WindowPosition`` whose anchor is
+        stream row ``place``: the first window ``lead`` rows on in the anchor's run, or the
+        first of a later run when that run ends before such a window fits."""
+        run_end = self.ends[np.searchsorted(self.ends, place, side="right")] if place < self.ends[-1] else place
+        return int(np.searchsorted(self.starts, min(place + lead, int(run_end))))
+
+
+def window_places(source: Source, items: Sequence[WorkItem], leads: Sequence[int], windows: Windows) -> WindowPlaces:
+    """The places of the windows ``read_windows`` cuts from ``items`` (see ``count_windows``)."""
+    starts: list[np.ndarray] = []
+    ends = [0]
+    for rows, lead in _runs(source, items, leads, windows):
+        count = window_count(rows, lead, windows)
+        starts.append(ends[-1] + lead + windows.stride * np.arange(count, dtype=np.int64))
+        ends.append(ends[-1] + rows)
+    found = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    return WindowPlaces(found, np.array(ends[1:] or [0], dtype=np.int64))
+
+
+def _runs(
+    source: Source, items: Sequence[WorkItem], leads: Sequence[int], windows: Windows
+) -> Iterator[tuple[int, int]]:
+    """Each run of ``items`` in order: its rows and the lead of its first window."""
     if windows.group_by is None:
-        counts = source.count(items)
-        return sum(window_count(rows, leads[i] if i < len(leads) else 0, windows) for i, rows in enumerate(counts))
-    total, run, length, lead = 0, None, 0, 0
+        for index, rows in enumerate(source.count(items)):
+            yield rows, leads[index] if index < len(leads) else 0
+        return
+    run, length, lead = None, 0, 0
     for batch, index, _ in source.read(items):
         part = _Rows(batch, index, 0, 0)
         for piece, key in _groups(part, windows.group_by):
             if run != (index, key):
-                total += window_count(length, lead, windows)
+                if run is not None:
+                    yield length, lead
                 lead = leads[index] if (run is None or run[0] != index) and index < len(leads) else 0
                 run, length = (index, key), 0
             length += piece.rows.num_rows
-    return total + window_count(length, lead, windows)
+    if run is not None:
+        yield length, lead
