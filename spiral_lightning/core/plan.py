@@ -111,6 +111,10 @@ class Plan(Sequence[Split]):
     def __len__(self) -> int:
         return int(self.ids.size)
 
+    def stored_rows(self, index: int) -> np.ndarray:
+        """The stored rows of split ``index``, in order (int64)."""
+        return np.arange(self.starts[index], self.ends[index], dtype=np.int64)
+
     @overload
     def __getitem__(self, index: int) -> Split: ...
 

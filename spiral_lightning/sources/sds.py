@@ -219,7 +219,7 @@ class SdsSource:
     def kept(self, split: int) -> np.ndarray:
         # From the records' metadata alone.
         if self._filter is None:
-            return np.arange(self._splits.starts[split], self._splits.ends[split], dtype=np.int64)
+            return self._splits.stored_rows(split)
         if split not in self._kept_rows:
             first, rows = self._first_ordinals[split], self._splits[split].end
             schema = pa.schema([self._layout.schema.field(name) for name in self._filter_columns])

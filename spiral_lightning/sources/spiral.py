@@ -337,9 +337,7 @@ class SpiralSource:
         return self._unfiltered.take(takes)
 
     def kept(self, split: int) -> np.ndarray:
-        if self._filter is None:
-            return np.arange(self._splits.starts[split], self._splits.ends[split], dtype=np.int64)
-        return self._unfiltered.kept(split)
+        return self._splits.stored_rows(split) if self._filter is None else self._unfiltered.kept(split)
 
     @cached_property
     def _unfiltered(self) -> _KeptRows:
