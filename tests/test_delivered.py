@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
 from spiral_lightning.datasets.record import LISTED_RANGES, decoded, encoded
-from spiral_lightning.planning.delivered import kept_positions, rows_between
+from spiral_lightning.planning.delivered import Stream, kept_positions, rows_between
 from spiral_lightning.planning.policies import window_order
 
 
@@ -53,7 +53,7 @@ def test_the_rows_between_two_places_are_those_the_stream_delivered_between_them
     cursors.append(cursor_at(items, total, window, 0))
     low, high = sorted(min(place, total) for place in places)
     before = None if low == 0 else cursors[low]
-    found = rows_between(items, before, cursors[high], window_rows, key)
+    found = rows_between(Stream.of(items), before, cursors[high], window_rows, key)
     rows = [(split, row) for split, first, end in found.tolist() for row in range(first, end)]
     assert rows == sorted(stored[position] for position in order[low:high])
 
@@ -85,7 +85,7 @@ def test_under_a_filter_the_rows_between_two_places_are_the_kept_rows_delivered_
         np.array([item.start - 1, *(row for split, row in stored if split == item.split and (split, row) in kept_rows)])
         for item in items
     ]
-    assert kept_positions(items, by_split).tolist() == kept
+    assert kept_positions(Stream.of(items), by_split).tolist() == kept
     key = (3, 1, 0, 1, 0, 1)
 
     def cursor(place: int, window: int, taken: int) -> Cursor:
@@ -112,6 +112,7 @@ def test_under_a_filter_the_rows_between_two_places_are_the_kept_rows_delivered_
         start, window = start + rows, window + 1
     cursors.append(cursor(len(kept), window, 0))
     low, high = sorted(min(place, len(kept)) for place in places)
-    found = rows_between(items, None if low == 0 else cursors[low], cursors[high], window_rows, key, np.array(kept))
+    stream = Stream.of(items)
+    found = rows_between(stream, None if low == 0 else cursors[low], cursors[high], window_rows, key, np.array(kept))
     rows = [(split, row) for split, first, end in found.tolist() for row in range(first, end)]
     assert rows == sorted(stored[kept[position]] for position in order[low:high])

@@ -23,9 +23,10 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,14 +40,7 @@ from spiral_lightning.datasets.packing import PackedDataset
 from spiral_lightning.datasets.table import TableDataset
 from spiral_lightning.datasets.token_batches import TokenBatchDataset
 from spiral_lightning.datasets.windows import WindowDataset
-from spiral_lightning.planning.delivered import (
-    Positions,
-    Ranges,
-    kept_positions,
-    rows_between,
-    stored_ranges,
-    stream_place,
-)
+from spiral_lightning.planning.delivered import Positions, Ranges, Stream, kept_positions, rows_between, stored_ranges
 from spiral_lightning.planning.policies import Shuffled, window_key
 from spiral_lightning.reading.windows import WindowPlaces
 from spiral_lightning.sources.record_files import RecordFiles, check_reachable, read_ranks
@@ -75,18 +69,29 @@ def encoded(ranges: Ranges) -> dict[str, Any]:
     return {"packed": base64.b64encode(zlib.compress(columns.tobytes(), 1)).decode("ascii")}
 
 
-def decoded(
-    line: Mapping[str, Any], lists: Mapping[int, Mapping[str, Any]] | None = None
-) -> list[tuple[int, int, int]]:
+class Listed(NamedTuple):
+    """A ``"list"`` line read back: the consumer's work list as a ``Stream``, its window rows
+    and its window key."""
+
+    stream: Stream
+    window: int
+    key: Sequence[int]
+
+    @classmethod
+    def of(cls, line: Mapping[str, Any]) -> Listed:
+        """The list a ``"list"`` line holds."""
+        return cls(Stream.of([WorkItem(*item) for item in line["items"]]), int(line["window"]), line["key"])
+
+
+def decoded(line: Mapping[str, Any], lists: Mapping[int, Listed] | None = None) -> list[tuple[int, int, int]]:
     """The ranges of a step's line (see ``encoded``), as ``(split, start, end)``; a line that
     names its rows by cursors resolves them with its ``"list"`` line, from ``lists`` by number."""
     if "list" in line:
         listed = (lists or {}).get(int(line["list"]))
         if listed is None:
             raise ValueError(f"step {line.get('step')} names work list {line['list']}, which no line before it holds")
-        items = [WorkItem(*item) for item in listed["items"]]
         before = None if line["from"] is None else Cursor(*line["from"])
-        found = rows_between(items, before, Cursor(*line["to"]), int(listed["window"]), listed["key"])
+        found = rows_between(listed.stream, before, Cursor(*line["to"]), listed.window, listed.key)
         return [(int(split), int(first), int(end)) for split, first, end in found.tolist()]
     if "packed" not in line:
         return [(int(split), int(start), int(end)) for split, start, end in line["rows"]]
@@ -134,15 +139,14 @@ class StepRecord:
         # its digest, or the State itself.
         self._seen: dict[Part, object] = {}
         self._states: dict[Part, State | None] = {}
-        # Each consumer's work list of each table by its fingerprint, planned once.
-        self._work: dict[tuple[int | None, Shard], tuple[str | None, list[WorkItem]]] = {}
+        # Each consumer's work list of each table by its fingerprint, planned once: the items, their
+        # stream and, under a filter, the stream positions of the rows it kept.
+        self._work: dict[tuple[int | None, Shard], tuple[str | None, list[WorkItem], Stream, Positions | None]] = {}
         # The number of each "list" line written, by table, consumer, work list and window key.
         self._lists: dict[tuple[int | None, Shard, str | None, tuple[int, ...]], int] = {}
-        # Under a filter, the stream positions of the rows it kept of each consumer's work list.
-        self._kept: dict[tuple[int | None, Shard], tuple[str | None, Positions]] = {}
-        # A WindowDataset consumer's last lead, and its work list and windows' places by fingerprint.
+        # A WindowDataset consumer's last lead, and its windows' places by work list.
         self._leads: dict[Part, int] = {}
-        self._places: dict[Shard, tuple[str | None, list[WorkItem], WindowPlaces]] = {}
+        self._places: dict[Shard, tuple[str | None, WindowPlaces]] = {}
 
     def begin(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Start a pass whose consumers continue from ``states`` (a restored position's, in worker
@@ -194,12 +198,8 @@ class StepRecord:
         window's plan names."""
         window, taken = int(place[0]), int(place[1])
         items, documents = dataset.documents_of(after.shard, window if taken else window - 1, taken - 1)
-        if self._work.get((None, after.shard), (None, []))[0] != after.work:
-            if fingerprint(items) != after.work:
-                raise RuntimeError(f"the record found another work list for consumer {tuple(after.shard)} than it read")
-            self._work[None, after.shard] = (after.work, items)
-        kept = self._kept_of(dataset, None, after, items)
-        return stored_ranges(items, documents if kept is None else kept[documents])
+        _, stream, kept = self._listed(dataset, None, after, lambda: items)
+        return stored_ranges(stream, documents if kept is None else kept[documents])
 
     def _window_rows(
         self, dataset: WindowDataset, before: tuple[State | None, int], after: tuple[State, int]
@@ -208,36 +208,38 @@ class StepRecord:
         positions (each a state and its lead) ``before`` and ``after``, found among the places of
         its windows (``WindowDataset.places``, found once a work list)."""
         state = after[0]
+        _, stream, kept = self._listed(dataset.table, None, state, lambda: dataset.work(state.shard)[0])
         found = self._places.get(state.shard)
         if found is None or found[0] != state.work:
-            items, places = dataset.places(state.shard)
-            if fingerprint(items) != state.work:
-                raise RuntimeError(f"the record found another work list for consumer {tuple(state.shard)} than it read")
-            found = self._places[state.shard] = (state.work, items, places)
-        _, items, places = found
-        kept = self._kept_of(dataset.table, None, state, items)
+            found = self._places[state.shard] = (state.work, dataset.places(state.shard)[1])
+        places = found[1]
 
         def windows_before(position: tuple[State | None, int]) -> int:
             cursor = None if position[0] is None else position[0].cursor
-            return 0 if cursor is None else places.before(stream_place(items, cursor, kept), position[1])
+            return 0 if cursor is None else places.before(stream.place(cursor, kept), position[1])
 
         starts = places.starts[windows_before(before) : windows_before(after)]
         positions = np.unique((starts[:, None] + np.arange(dataset.windows.size)).ravel())
-        return stored_ranges(items, positions if kept is None else kept[positions])
+        return stored_ranges(stream, positions if kept is None else kept[positions])
 
-    def _kept_of(
-        self, dataset: Consumer, table: int | None, after: State, items: Sequence[WorkItem]
-    ) -> Positions | None:
-        """Under a filter, the stream positions of the rows it kept of ``items``, the work list
-        of ``after``'s consumer (of mixture table ``table``), found once a list; else ``None``."""
-        if dataset.spec.filter is None:
-            return None
-        found = self._kept.get((table, after.shard))
+    def _listed(
+        self, dataset: Consumer, table: int | None, after: State, planned: Callable[[], list[WorkItem]]
+    ) -> tuple[list[WorkItem], Stream, Positions | None]:
+        """The work list of ``after``'s consumer (of mixture table ``table``), which ``planned``
+        plans, its stream and, under a filter, the stream positions of the rows it kept (reading
+        the filter's columns of its splits once a source): found once a list."""
+        found = self._work.get((table, after.shard))
         if found is None or found[0] != after.work:
-            source = dataset.source()
-            found = (after.work, kept_positions(items, [source.kept(item.split) for item in items]))
-            self._kept[table, after.shard] = found
-        return found[1]
+            items = planned()
+            if fingerprint(items) != after.work:
+                raise RuntimeError(f"the record found another work list for consumer {tuple(after.shard)} than it read")
+            stream = Stream.of(items)
+            kept = None
+            if dataset.spec.filter is not None:
+                source = dataset.source()
+                kept = kept_positions(stream, [source.kept(item.split) for item in items])
+            found = self._work[table, after.shard] = (after.work, items, stream, kept)
+        return found[1], found[2], found[3]
 
     def note_rows(self, step: int, epoch: int, ranges: Ranges, skipped: bool = False, table: int | None = None) -> None:
         """Note the batch of ``step`` in ``epoch`` by its stored rows ``ranges`` (of mixture table
@@ -264,13 +266,9 @@ class StepRecord:
         if not isinstance(dataset, TableDataset):
             raise RuntimeError(f"the record of a Mixture found a state outside its tables: {table!r}")
         shard: Shard = after.shard
-        if self._work.get((table, shard), (None, []))[0] != after.work:
-            # A table of a mixture plans each pass as its own epoch: the state's.
-            items = dataset.work(shard) if table is None else _work_of(dataset, shard, after.epoch)
-            if fingerprint(items) != after.work:
-                raise RuntimeError(f"the record found another work list for consumer {tuple(shard)} than it read")
-            self._work[table, shard] = (after.work, items)
-        items = self._work[table, shard][1]
+        # A table of a mixture plans each pass as its own epoch: the state's.
+        plan = partial(dataset.work, shard) if table is None else partial(_work_of, dataset, shard, after.epoch)
+        items, stream, kept = self._listed(dataset, table, after, plan)
         policy = dataset.policy
         window = 0
         key: tuple[int, ...] = ()
@@ -280,10 +278,9 @@ class StepRecord:
             raise RuntimeError(f"consumer {tuple(shard)} delivered a batch but its state has no cursor")
         cursor = after.cursor._replace(skip=after.cursor.skip + 1) if partly else after.cursor
         start = None if before is None else before.cursor
-        kept = self._kept_of(dataset, table, after, items)
         if not window or kept is not None:
             # A reader has no filter to find kept rows with: a filtered step's line holds its ranges.
-            return encoded(rows_between(items, start, cursor, window, key, kept))
+            return encoded(rows_between(stream, start, cursor, window, key, kept))
         listed = (table, shard, after.work, key)
         if listed not in self._lists:
             self._lists[listed] = number = len(self._lists)
@@ -341,7 +338,7 @@ def rows(
     found: dict[int, dict[int, list[tuple[int, ...]]]] = {}
     for owner, content in read_ranks(str(record), storage_options).items():
         kept: dict[int, list[tuple[int, ...]] | None] = {}
-        lists: dict[int, Mapping[str, Any]] = {}
+        lists: dict[int, Listed] = {}
         rank = -1
         for number, text in enumerate(content.splitlines(), 1):
             line = json.loads(text)
@@ -355,7 +352,7 @@ def rows(
                 lists = {}
                 continue
             if "items" in line:
-                lists[int(line["list"])] = line
+                lists[int(line["list"])] = Listed.of(line)
                 continue
             if line.get("skipped") or (wanted is not None and int(line["step"]) not in wanted):
                 kept[int(line["step"])] = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,63 +25,68 @@ Ranges = np.ndarray[Any, np.dtype[np.int64]]
 Positions = np.ndarray[Any, np.dtype[np.int64]]
 
 
-def _offsets(items: Sequence[WorkItem]) -> Positions:
-    """Where each item's rows begin in the stream, and the stream's length last."""
-    sizes = np.array([item.end - item.start for item in items], dtype=np.int64)
-    return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(sizes)))
+class Stream(NamedTuple):
+    """A consumer's work list as columns, built once a list so that a step costs the same
+    whatever the list's length: each item's ``split`` and first stored row (``starts``), and
+    ``offsets``, where each item's rows begin in the stream, the stream's length last."""
+
+    splits: Positions
+    starts: Positions
+    offsets: Positions
+
+    @classmethod
+    def of(cls, items: Sequence[WorkItem]) -> Stream:
+        """The stream of ``items``."""
+        columns = np.array(items, dtype=np.int64).reshape(-1, 3)
+        sizes = columns[:, 2] - columns[:, 1]
+        return cls(columns[:, 0], columns[:, 1], np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(sizes))))
+
+    def place(self, cursor: Cursor, kept: Positions | None = None) -> int:
+        """The stream row ``cursor`` points at (for a cursor in a window, the window's first
+        row); with ``kept`` (see ``kept_positions``), its place among the kept rows, whose
+        ``skip`` the cursor counts."""
+        if cursor.item >= len(self.splits):
+            return int(self.offsets[-1]) if kept is None else len(kept)
+        stored = int(self.offsets[cursor.item] + cursor.row - self.starts[cursor.item])
+        return stored + cursor.skip if kept is None else int(np.searchsorted(kept, stored)) + cursor.skip
 
 
 #: The orders of the last windows seen: a consumer reads each window over many batches.
 _order = functools.lru_cache(maxsize=16)(window_order)
 
 
-def kept_positions(items: Sequence[WorkItem], kept: Sequence[Positions]) -> Positions:
-    """The stream positions of the rows a filter kept of ``items``, from ``kept[i]``, the kept
-    stored rows (sorted) of the split of ``items[i]`` (a source's ``kept``)."""
-    offsets = _offsets(items)
+def kept_positions(stream: Stream, kept: Sequence[Positions]) -> Positions:
+    """The stream positions of the rows a filter kept, from ``kept[i]``, the kept stored rows
+    (sorted) of the split of the stream's item ``i`` (a source's ``kept``)."""
+    ends = stream.starts + np.diff(stream.offsets)
     parts = [
-        offsets[index] + rows[(rows >= item.start) & (rows < item.end)] - item.start
-        for index, (item, rows) in enumerate(zip(items, kept, strict=True))
+        stream.offsets[index] + rows[(rows >= start) & (rows < end)] - start
+        for index, (start, end, rows) in enumerate(zip(stream.starts.tolist(), ends.tolist(), kept, strict=True))
     ]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _position(items: Sequence[WorkItem], offsets: Positions, cursor: Cursor, kept: Positions | None) -> int:
-    """The stream row ``cursor`` points at (for a cursor in a window, the window's first row);
-    with ``kept``, its place among the kept rows, whose ``skip`` the cursor counts."""
-    if cursor.item >= len(items):
-        return int(offsets[-1]) if kept is None else len(kept)
-    stored = int(offsets[cursor.item] + cursor.row - items[cursor.item].start)
-    return stored + cursor.skip if kept is None else int(np.searchsorted(kept, stored)) + cursor.skip
-
-
-def stream_place(items: Sequence[WorkItem], cursor: Cursor, kept: Positions | None = None) -> int:
-    """The stream row ``cursor`` points at in ``items`` (with ``kept``, among the kept rows)."""
-    return _position(items, _offsets(items), cursor, kept)
-
-
 def rows_between(
-    items: Sequence[WorkItem],
+    stream: Stream,
     before: Cursor | None,
     after: Cursor,
     window_rows: int = 0,
     key: Sequence[int] = (),
     kept: Positions | None = None,
 ) -> Ranges:
-    """The stored rows of ``items`` delivered after ``before`` (``None``: the list's start) up to
-    ``after``, as ranges in stream order (``window_rows`` and ``key``: the consumer's shuffle
+    """The stored rows of ``stream`` delivered after ``before`` (``None``: the list's start) up
+    to ``after``, as ranges in stream order (``window_rows`` and ``key``: the consumer's shuffle
     windows, see ``planning.policies.window_order``; ``kept``: under a filter, the stream
     positions of the rows it kept, see ``kept_positions``)."""
-    offsets = _offsets(items)
-    low = 0 if before is None else _position(items, offsets, before, kept)
-    high = _position(items, offsets, after, kept)
+    low = 0 if before is None else stream.place(before, kept)
+    high = stream.place(after, kept)
     if not window_rows and kept is None:
-        return _stored(items, offsets, low, high)
+        return _stored(stream, low, high)
     if not window_rows:
-        return stored_ranges(items, np.asarray(kept)[low:high])
+        return stored_ranges(stream, np.asarray(kept)[low:high])
     # Window by window: the rest of ``before``'s window in its order, whole windows between, and
     # the first ``after.taken`` rows of ``after``'s window in its order.
-    total, key = int(offsets[-1]) if kept is None else len(kept), tuple(key)
+    total, key = int(stream.offsets[-1]) if kept is None else len(kept), tuple(key)
     window, taken = (0, 0) if before is None else (before.window, before.taken)
     parts: list[Positions] = []
     while low < high or (low == high and after.taken > taken):
@@ -94,36 +99,33 @@ def rows_between(
     if not parts:
         return np.zeros((0, 3), dtype=np.int64)
     positions = np.sort(np.concatenate(parts))
-    return _ranges_at(items, offsets, positions if kept is None else kept[positions])
+    return stored_ranges(stream, positions if kept is None else kept[positions])
 
 
-def stored_ranges(items: Sequence[WorkItem], positions: Positions) -> Ranges:
-    """The stored rows at stream ``positions`` (sorted, each once) of ``items``, as ranges."""
+def stored_ranges(stream: Stream, positions: Positions) -> Ranges:
+    """The stored rows at ``positions`` of ``stream`` (sorted, each once), as ranges."""
+    positions = np.asarray(positions, dtype=np.int64)
     if not len(positions):
         return np.zeros((0, 3), dtype=np.int64)
-    return _ranges_at(items, _offsets(items), np.asarray(positions, dtype=np.int64))
-
-
-def _ranges_at(items: Sequence[WorkItem], offsets: Positions, positions: Positions) -> Ranges:
-    """``stored_ranges`` with the stream's ``offsets`` (see ``_offsets``) at hand."""
     # Runs of consecutive positions, cut again where an item ends.
-    item_of = np.searchsorted(offsets, positions, side="right") - 1
+    item_of = np.searchsorted(stream.offsets, positions, side="right") - 1
     breaks = np.flatnonzero((np.diff(positions) != 1) | (np.diff(item_of) != 0)) + 1
     starts = np.concatenate(([0], breaks))
     lengths = np.diff(np.concatenate((starts, [positions.size])))
     owner = item_of[starts]
-    splits = np.array([item.split for item in items], dtype=np.int64)[owner]
-    firsts = np.array([item.start for item in items], dtype=np.int64)[owner] + positions[starts] - offsets[owner]
-    return np.stack([splits, firsts, firsts + lengths], axis=1)
+    firsts = stream.starts[owner] + positions[starts] - stream.offsets[owner]
+    return np.stack([stream.splits[owner], firsts, firsts + lengths], axis=1)
 
 
-def _stored(items: Sequence[WorkItem], offsets: Positions, low: int, high: int) -> Ranges:
+def _stored(stream: Stream, low: int, high: int) -> Ranges:
     """The stream's rows ``low`` to ``high`` as stored ranges, cut where an item ends."""
+    # A loop: a step spans one item or two, where numpy's calls cost more than they save.
     ranges: list[tuple[int, int, int]] = []
-    item = int(np.searchsorted(offsets, low, side="right")) - 1
+    item = int(np.searchsorted(stream.offsets, low, side="right")) - 1
     while low < high:
-        end = min(high, int(offsets[item + 1]))
-        start = items[item].start + low - int(offsets[item])
-        ranges.append((items[item].split, start, start + end - low))
+        end = min(high, int(stream.offsets[item + 1]))
+        if end > low:
+            start = int(stream.starts[item]) + low - int(stream.offsets[item])
+            ranges.append((int(stream.splits[item]), start, start + end - low))
         low, item = end, item + 1
     return np.array(ranges, dtype=np.int64).reshape(-1, 3)
