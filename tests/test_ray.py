@@ -430,7 +430,7 @@ def test_train_loader_reads_by_index_and_resumes_under_the_saved_and_another_wor
     assert sorted(before[0] + before[1] + after) == sorted(whole[0] + whole[1])
 
 
-def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_world_size(
+def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_and_another_world_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lengths = [int(n) for n in np.random.default_rng(7).integers(1, 60, 400)]
@@ -439,10 +439,10 @@ def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_world_
     saved.mkdir()
     budget = TokenBudget("tokens", max_tokens=256)
 
-    def loader(rank: int, checkpoint: Path | None) -> Any:
+    def loader(rank: int, checkpoint: Path | None, world_size: int = 2) -> Any:
         found = None if checkpoint is None else Checkpoint(str(checkpoint))
         monkeypatch.setattr(ray.train, "get_checkpoint", lambda: found)
-        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, 2))
+        monkeypatch.setattr(ray.train, "get_context", partial(FakeContext, rank, world_size))
         return train_loader(spec, tokens=budget, num_workers=0)
 
     def documents_of(batches: Any) -> list[int]:
@@ -459,6 +459,11 @@ def test_train_loader_batches_by_token_budget_and_resumes_under_the_saved_world_
         save_loader_state(saving, saved)
     for rank in range(2):
         assert before[rank] + documents_of(loader(rank, saved)) == documents_of(whole[rank])
+    # One rank re-plans what neither had delivered: every document once, those the two ranks'
+    # equal steps had left out too.
+    after = documents_of(loader(0, saved, world_size=1))
+    firsts = np.cumsum([0, *lengths[:-1]]).tolist()
+    assert sorted(before[0] + before[1] + after) == firsts
 
 
 @pytest.mark.parametrize("workers", [0, 1])
