@@ -128,6 +128,9 @@ def test_what_a_re_plan_cannot_share_is_refused_by_name(tmp_path: Path, spec: Ta
     next(iter(plain))
     with pytest.raises(ValueError, match=r"another token budget \(saved \['tokens', 1000"):
         TokenBatchDataset(spec, budget=replace(budget, max_tokens=999)).load_elastic([plain.state_dict()])
+    edited = {**plain.state_dict(), "window": [0, 0]}
+    with pytest.raises(ValueError, match=r"TokenBatchDataset state of rank 0, worker 0 was edited or damaged"):
+        TokenBatchDataset(spec, budget=budget, rank=0, world_size=2).load_elastic([edited])
     replanned = TokenBatchDataset(spec, budget=budget, rank=0, world_size=2)
     replanned.load_elastic([plain.state_dict()])
     lineage = replanned.lineage()

@@ -176,19 +176,21 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         when a consumer was inside a window of a filtered table or had delivered part of a split
         document (neither can be shared as whole stored rows)."""
         parsed = [self._parsed(state) for state in states]
+        for state, (table, _, _) in zip(states, parsed, strict=True):
+            integrity.check_digest(state, _KIND, table.where())
         saved = [table for table, _, _ in parsed]
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
         windows = [(window, taken) for _, window, taken in parsed]
         inside = [table.shard for table, _, taken in parsed if taken]
-        if inside and self.spec.filter is not None:
+        filtered = self.spec.filter is not None
+        if inside and filtered:
             raise ValueError(
                 f"{_KIND} consumer {tuple(inside[0])} was saved inside a window of a filtered table: which stored rows "
                 "its delivered documents were is known only by reading the window. Resume under the saved ranks and "
                 "workers, or re-plan a table read without a filter"
             )
         earlier = None if lineage is None else RowLineage.from_dict(lineage)
-        filtered = self.spec.filter is not None
         found, remainder = replan(
             self.source(), self.policy, saved, earlier, filtered=filtered, holes=self.window_holes(), windows=windows
         )
