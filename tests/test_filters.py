@@ -81,6 +81,8 @@ CASES: list[tuple[str, Callable[[dict[str, object]], bool | None]]] = [
         ),
     ),  # type: ignore[operator]
     ("weight > -1.5", lambda r: r["weight"] is not None),
+    # A long list: spiral-sdk decodes no expression nested hundreds deep, so its ORs are a balanced tree.
+    (f"id NOT IN ({', '.join(map(str, range(0, 600, 2)))})", lambda r: r["id"] % 2 == 1),  # type: ignore[operator]
 ]
 
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from functools import reduce
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import spiral
 import sqlglot
 from sqlglot import expressions as sql
+
+#: A node of a compiled expression tree.
+_Node = TypeVar("_Node")
 
 #: A literal of the language: SQL's numbers, strings and booleans.
 Scalar: TypeAlias = int | float | str | bool
@@ -263,13 +265,21 @@ def to_spiral(tree: Filter, schema: pa.Schema, text: str) -> spiral.Expression:
         if isinstance(node, Compare):
             return _SPIRAL_COMPARE[node.op](column, literal(node.value, field))
         if isinstance(node, InSet):
-            return reduce(spiral.or_, (spiral.eq(column, literal(value, field)) for value in node.values))
+            return _balanced(spiral.or_, [spiral.eq(column, literal(value, field)) for value in node.values])
         if isinstance(node, IsNull):
             return spiral.is_null(column)
         _typed(node.pattern, field, text)
         return spiral.call("spql.like", column, spiral.literal(node.pattern))
 
     return build(tree)
+
+
+def _balanced(combine: Callable[[_Node, _Node], _Node], parts: list[_Node]) -> _Node:
+    """``parts`` combined in pairs, then pairs of pairs: a tree ``log2(len(parts))`` deep, where
+    one value after another would nest a long ``IN`` list past the depth spiral-sdk decodes."""
+    while len(parts) > 1:
+        parts = [combine(*parts[i : i + 2]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 _ARROW_COMPARE: dict[str, Callable[[Any, Any], pc.Expression]] = {
