@@ -224,15 +224,6 @@ def test_elastic_resume_refuses_what_it_cannot_replan(make_table: Callable[..., 
     next(iter(one))
     with pytest.raises(ValueError, match=r"needs each of the 2 consumers of the saved 2 ranks x 1 workers once"):
         TableDataset(spec, batch_size=100).load_elastic([one.state_dict()])
-    # Inside a window of a filtered table the rows taken are unknown without reading it (see
-    # tests/test_elastic_kinds.py for the re-plans that work).
-    filtered = replace(spec, filter=KEEP_TEXT)
-    shuffled = TableDataset(filtered, batch_size=10, policy=Shuffled(buffer_rows=300))
-    next(iter(shuffled))
-    with pytest.raises(ValueError, match="inside shuffle window 0 of a filtered table"):
-        TableDataset(filtered, batch_size=10, policy=Shuffled(buffer_rows=300), rank=0, world_size=2).load_elastic(
-            [shuffled.state_dict()]
-        )
     other = make_table([500, 500], columns=["id"])
     with pytest.raises(ValueError, match="the states were saved reading version"):
         TableDataset(other, batch_size=100).load_elastic([one.state_dict()])

@@ -355,7 +355,8 @@ class Consumer:
         found = RowLineage.from_dict(lineage)
         if found.version != self.spec.version:
             raise ValueError(f"the re-plan lineage is of version {found.version}, not {self.spec.version}")
-        remainder = remainder_of(self.source(), self.policy, found, holes=self.window_holes())
+        filtered = self.spec.filter is not None
+        remainder = remainder_of(self.source(), self.policy, found, holes=self.window_holes(), filtered=filtered)
         self.replan(remainder.plan, found.epoch, found, keep=keep)
 
     def window_holes(self) -> WindowHoles | None:

@@ -22,7 +22,7 @@ from spiral_lightning.core.state import State, check_same_topology, check_saved
 from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
-from spiral_lightning.planning.elastic import replan
+from spiral_lightning.planning.elastic import FirstRows, replan
 from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Pieces as Items
 from spiral_lightning.planning.policies import policy_name
@@ -173,8 +173,8 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         before): the documents none of them delivered are shared among this dataset's consumers
         with ``balanced`` cuts, each once, and batched by them; later epochs plan as usual.
         ``ValueError`` when the states are not one epoch of one version, policy and budget, or
-        when a consumer was inside a window of a filtered table or had delivered part of a split
-        document (neither can be shared as whole stored rows)."""
+        when a consumer had delivered part of a split document (which cannot be shared as whole
+        stored rows)."""
         parsed = [self._parsed(state) for state in states]
         for state, (table, _, _) in zip(states, parsed, strict=True):
             integrity.check_digest(state, _KIND, table.where())
@@ -182,15 +182,8 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         if saved and saved[0].version != self.spec.version:
             raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
         windows = [(window, taken) for _, window, taken in parsed]
-        inside = [table.shard for table, _, taken in parsed if taken]
-        filtered = self.spec.filter is not None
-        if inside and filtered:
-            raise ValueError(
-                f"{_KIND} consumer {tuple(inside[0])} was saved inside a window of a filtered table: which stored rows "
-                "its delivered documents were is known only by reading the window. Resume under the saved ranks and "
-                "workers, or re-plan a table read without a filter"
-            )
         earlier = None if lineage is None else RowLineage.from_dict(lineage)
+        filtered = self.spec.filter is not None
         found, remainder = replan(
             self.source(), self.policy, saved, earlier, filtered=filtered, holes=self.window_holes(), windows=windows
         )
@@ -301,13 +294,15 @@ class TokenHoles:
         """The budget and seed the windows were planned under, pinned in a lineage."""
         return "tokens " + json.dumps([self.seed, *self.budget.settings()], separators=(",", ":"))
 
-    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Items) -> np.ndarray:
-        sizes = np.minimum(np.cumsum(rows.end - rows.start), self.budget.window)
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Items, first: FirstRows) -> np.ndarray:
+        places = first(self.budget.window)
+        # The items up to the window's last document: its documents, read through the filter if any.
+        sizes = np.minimum(np.cumsum(rows.end - rows.start), int(places[-1]) + 1 if len(places) else 0)
         ends = rows.start + sizes - np.concatenate(([0], sizes[:-1]))
-        kept = ends > rows.start
-        items = rows._replace(end=ends).take(np.flatnonzero(kept)).items()
+        items = rows._replace(end=ends).take(np.flatnonzero(ends > rows.start)).items()
         rng = window_rng(self.seed, epoch, tuple(shard), window)
         try:
-            return delivered_documents(self.lengths(items), self.budget, rng, taken)
+            delivered: np.ndarray = places[delivered_documents(self.lengths(items), self.budget, rng, taken)]
         except ValueError as error:
             raise ValueError(f"the {_KIND} state of consumer {tuple(shard)} in window {window}: {error}") from None
+        return delivered

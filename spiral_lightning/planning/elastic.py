@@ -13,10 +13,10 @@ small after any number of re-plans.
 
 A consumer saved inside a shuffle window (``Shuffled(buffer_rows=...)``) had delivered some of
 the window's rows in the window's shuffled order. Its link also holds the window's number and
-the rows taken: without a filter the window's rows are the consumer's next ``buffer_rows`` stored
-rows, so the rows taken are found again from the window's order (``shuffle.window_order``) and
-left out of the remainder. Under a filter they are not known without reading the window, so such
-a state is refused, naming what to do instead. What a consumer took of its window is a kind's own
+the rows taken: the window's rows are the next ``buffer_rows`` rows the consumer delivers (its
+stored rows, or under a filter the ones it keeps, found through the source's ``kept``), so the
+rows taken are found again from the window's order (``shuffle.window_order``) and left out of the
+remainder. What a consumer took of its window is a kind's own
 (``WindowHoles``): ``ShuffleHoles`` for a shuffle window's rows, and a token-budget window's
 delivered documents for ``TokenBatchDataset``; the lineage names which by ``RowLineage.windows``.
 
@@ -28,9 +28,10 @@ its *lead*: the rows after the piece's first row at which its next window starts
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from functools import partial
+from typing import ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
@@ -42,13 +43,20 @@ from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, 
 
 
 class Counted(Protocol):
-    """What a re-plan reads of a source: its plan, and the rows of work items after the filter
-    (a ``Source`` is one). Planning reads no table itself."""
+    """What a re-plan reads of a source: its plan, the rows of work items after the filter and
+    the stored rows it keeps of a split (a ``Source`` is one). Planning reads no table itself."""
 
     @property
     def splits(self) -> Plan: ...
 
     def count(self, items: Sequence[WorkItem]) -> list[int]: ...
+
+    def kept(self, split: int) -> np.ndarray: ...
+
+
+#: The places (in a consumer's undelivered stored rows laid end to end) of the first ``n`` rows
+#: it delivers from there: all of them without a filter, the kept ones under one.
+FirstRows = Callable[[int], np.ndarray]
 
 
 class WindowHoles(Protocol):
@@ -56,37 +64,41 @@ class WindowHoles(Protocol):
     pinned in the lineage (``RowLineage.windows``), and a call gives the places (sorted) of the
     rows consumer ``shard`` delivered of its window ``window`` in ``epoch``, ``taken`` the
     window's progress as its state counts it, ``rows`` its undelivered stored rows laid end to
-    end, beginning at the window's first row."""
+    end, beginning at the window's first row, and ``first`` the places of the rows it delivers
+    from there (see ``FirstRows``)."""
 
     @property
     def name(self) -> str: ...
 
-    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces) -> np.ndarray: ...
+    def __call__(
+        self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces, first: FirstRows
+    ) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
 class ShuffleHoles:
     """The rows a consumer took of a shuffle window of ``policy`` (a ``Shuffled`` with
-    ``buffer_rows``): the first ``taken`` of the window's order, a window being the consumer's
-    next ``buffer_rows`` stored rows."""
+    ``buffer_rows``): the first ``taken`` of the window's order, a window being the next
+    ``buffer_rows`` rows the consumer delivers."""
 
     policy: Policy
     name: ClassVar[str] = ""
 
-    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces) -> np.ndarray:
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces, first: FirstRows) -> np.ndarray:
         policy = self.policy
         if not isinstance(policy, Shuffled) or not policy.buffer_rows:
             raise ValueError(
                 f"the re-plan lineage says consumers were inside shuffle windows, but the policy "
                 f"{policy_name(policy)} shuffles in no windows; the lineage belongs to another dataset"
             )
-        size = min(policy.buffer_rows, int((rows.end - rows.start).sum()))
-        if taken >= size:
+        places = first(policy.buffer_rows)
+        if taken >= len(places):
             raise ValueError(
-                f"saved consumer {tuple(shard)} took {taken} rows of a shuffle window of {size}; the state or the "
-                "lineage was edited or damaged"
+                f"saved consumer {tuple(shard)} took {taken} rows of a shuffle window of {len(places)}; the state or "
+                "the lineage was edited or damaged"
             )
-        taken_rows: np.ndarray = np.sort(window_order(window_key(policy.seed, epoch, shard), window, size)[:taken])
+        order = window_order(window_key(policy.seed, epoch, shard), window, len(places))
+        taken_rows: np.ndarray = np.sort(places[order[:taken]])
         return taken_rows
 
 
@@ -112,7 +124,8 @@ def replan(
 
     ``states`` holds every consumer of one topology; when they continue an epoch re-planned
     before, they name its lineage, which ``earlier`` must be. ``filtered``: whether the source
-    filters rows, so that a cursor's skipped output rows are found by counting. ``share`` is the
+    filters rows, so that a cursor's skipped output rows are found by counting and a window's
+    rows among the kept ones. ``share`` is the
     policy the consumers of every re-plan cut their remainder with (``balanced``, or ``stripe``
     for whole pieces). ``leads`` gives each state's lead (windows), and ``finished`` the saved
     consumers that delivered their whole list, whatever their cursor says (a ``Mixture``
@@ -142,7 +155,7 @@ def replan(
             )
         _check_windows(earlier, holes)
         links = earlier.links
-    remainder, current = _walk(source, policy, first.epoch, links, share, holes)
+    remainder, current = _walk(source, policy, first.epoch, links, share, holes, filtered)
     grouped, lead = _grouped(current, remainder, world_size, workers, first.epoch)
     link = _link(
         source,
@@ -158,11 +171,17 @@ def replan(
     lineage = RowLineage(
         first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share), holes.name
     )
-    return lineage, _undelivered(grouped, lead, link, holes, first.epoch)
+    return lineage, _undelivered(grouped, lead, link, _Windows(holes, source, filtered), first.epoch)
 
 
 def remainder_of(
-    source: Counted, policy: Policy, lineage: RowLineage, share: Policy = balanced, holes: WindowHoles | None = None
+    source: Counted,
+    policy: Policy,
+    lineage: RowLineage,
+    share: Policy = balanced,
+    holes: WindowHoles | None = None,
+    *,
+    filtered: bool,
 ) -> Remainder:
     """The remainder ``lineage`` describes: what the consumers of its last re-plan share with
     ``share`` (``holes`` as for ``replan``); ``ValueError`` when it was made for another policy,
@@ -174,7 +193,7 @@ def remainder_of(
             f"{policy_name(policy)} shared with {policy_name(share)}; it belongs to another dataset"
         )
     _check_windows(lineage, holes)
-    return _walk(source, policy, lineage.epoch, lineage.links, share, holes)[0]
+    return _walk(source, policy, lineage.epoch, lineage.links, share, holes, filtered)[0]
 
 
 def _check_windows(lineage: RowLineage, holes: WindowHoles) -> None:
@@ -198,14 +217,20 @@ def share_of(remainder: Remainder, share: Policy, shard: Shard) -> tuple[list[Wo
 
 
 def _walk(
-    source: Counted, policy: Policy, epoch: int, links: Sequence[Link], share: Policy, holes: WindowHoles
+    source: Counted,
+    policy: Policy,
+    epoch: int,
+    links: Sequence[Link],
+    share: Policy,
+    holes: WindowHoles,
+    filtered: bool,
 ) -> tuple[Remainder, Policy]:
     """What the consumers after ``links`` cut their lists from: the plan under ``policy``, or
     the last link's remainder under ``share``."""
     remainder, current = Remainder(as_plan(source.splits), np.zeros(len(source.splits), dtype=np.int64)), policy
     for link in links:
         grouped, lead = _grouped(current, remainder, link.world_size, link.workers, epoch)
-        remainder, current = _undelivered(grouped, lead, link, holes, epoch), share
+        remainder, current = _undelivered(grouped, lead, link, _Windows(holes, source, filtered), epoch), share
     return remainder, current
 
 
@@ -229,10 +254,41 @@ def _starts(lists: Pieces, consumers: int) -> tuple[np.ndarray, np.ndarray]:
     return counts, np.cumsum(counts) - counts
 
 
-def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, holes: WindowHoles, epoch: int) -> Remainder:
+class _Windows(NamedTuple):
+    """What finds the rows consumers took of their windows: the kind's ``holes``, and the
+    ``source`` whose kept rows a window is made of when ``filtered``."""
+
+    holes: WindowHoles
+    source: Counted
+    filtered: bool
+
+    def first(self, rows: Pieces) -> FirstRows:
+        """The ``FirstRows`` of undelivered ``rows``."""
+        total = int((rows.end - rows.start).sum())
+        if not self.filtered:
+            return lambda count: np.arange(min(count, total), dtype=np.int64)
+        return partial(_first_kept, self.source, rows)
+
+
+def _first_kept(source: Counted, rows: Pieces, count: int) -> np.ndarray:
+    """The places of the first ``count`` rows of ``rows`` (laid end to end) that ``source``'s
+    filter keeps, reading the kept rows of as few splits as hold them."""
+    found: list[np.ndarray] = []
+    held = offset = 0
+    for split, start, end in zip(rows.split.tolist(), rows.start.tolist(), rows.end.tolist(), strict=True):
+        kept = source.kept(split)
+        mine = kept[(kept >= start) & (kept < end)] - start + offset
+        found.append(mine)
+        held, offset = held + len(mine), offset + end - start
+        if held >= count:
+            break
+    return np.concatenate(found)[:count] if found else np.zeros(0, dtype=np.int64)
+
+
+def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, windows: _Windows, epoch: int) -> Remainder:
     """The rows of ``lists`` (grouped by owner, each item with its ``lead``) that ``link``'s
     positions had not reached, in consumer order, as stored ranges with their leads, each
-    consumer's first with the link's; the rows a consumer took from its window (``holes``, in
+    consumer's first with the link's; the rows a consumer took from its window (``windows``, in
     ``epoch``) are left out too."""
     counts, first = _starts(lists, link.world_size * link.workers)
     # Each consumer's undelivered items are one run of its grouped list, from item ``items[c]``:
@@ -251,14 +307,14 @@ def _undelivered(lists: Pieces, lead: np.ndarray, link: Link, holes: WindowHoles
     rest = Pieces(lists.split[kept], start[kept], lists.end[kept], lists.owner[kept])
     if link.inside_windows:
         # Leads are WindowDataset's, which reads its lists unshuffled: a link has leads or windows, never both.
-        rest = _without_taken(rest, link, holes, epoch)
+        rest = _without_taken(rest, link, windows, epoch)
         return Remainder(Plan.of(rest.split, rest.start, rest.end), np.zeros(rest.split.size, dtype=np.int64))
     return Remainder(Plan.of(rest.split, rest.start, rest.end), leads[kept])
 
 
-def _without_taken(rest: Pieces, link: Link, holes: WindowHoles, epoch: int) -> Pieces:
+def _without_taken(rest: Pieces, link: Link, windows: _Windows, epoch: int) -> Pieces:
     """``rest`` (undelivered pieces grouped by owner, each consumer's beginning at its window)
-    without the rows each consumer had taken from its window, as ``holes`` finds them."""
+    without the rows each consumer had taken from its window, as ``windows`` finds them."""
     parts: list[Pieces] = []
     done = 0
     for consumer in np.flatnonzero(link.taken).tolist():
@@ -266,7 +322,8 @@ def _without_taken(rest: Pieces, link: Link, holes: WindowHoles, epoch: int) -> 
         parts.append(rest.take(np.arange(done, low)))
         mine = rest.take(np.arange(low, high))
         shard = Shard(consumer // link.workers, link.world_size, consumer % link.workers, link.workers)
-        parts.append(_holed(mine, holes(shard, epoch, int(link.windows[consumer]), int(link.taken[consumer]), mine)))
+        window, taken = int(link.windows[consumer]), int(link.taken[consumer])
+        parts.append(_holed(mine, windows.holes(shard, epoch, window, taken, mine, windows.first(mine))))
         done = high
     parts.append(rest.take(np.arange(done, rest.owner.size)))
     return Pieces(*(np.concatenate([getattr(part, name) for part in parts]) for name in Pieces._fields))
@@ -334,15 +391,6 @@ def _link(
         lead[consumer] = 0 if leads is None else leads[number]
         window, progress = (cursor.window, cursor.taken) if windows is None else windows[number]
         if progress:
-            if filtered:
-                # A kind that gives ``windows`` refuses a filtered table inside them itself, in its own words.
-                raise ValueError(
-                    f"consumer {tuple(state.shard)} was saved inside shuffle window {window} of a filtered "
-                    f"table, {progress} of its rows delivered: which stored rows those were is known only by "
-                    "reading the window. Resume under the saved ranks and workers (a state saved where every "
-                    "consumer is at a window's start re-plans: a batch_size dividing buffer_rows gives such states "
-                    "every buffer_rows // batch_size batches), or re-plan a table read without a filter"
-                )
             found_windows[consumer], taken[consumer] = window, progress
         if cursor.item >= counts[consumer]:
             continue
