@@ -1,6 +1,7 @@
 """Token-budget epochs re-planned under other ranks and workers: every document delivered once
-across the saved run and the resumed ones (a re-plan of a re-plan included), a re-planned epoch
-resumed under its own topology, and the states a re-plan cannot share refused by name."""
+across the saved run and the resumed ones (a re-plan of a re-plan included, a filtered table, a
+split document partly delivered coming again whole), a re-planned epoch resumed under its own
+topology, and states and lineages of another budget, seed or kind refused by name."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from spiral_lightning import TableDataset, TableSpec, TokenBatchDataset, TokenBu
 from tests.examples import examples
 from tests.test_token_batches import corpus, pieces_of
 
-DOCUMENTS = 400
+DOCUMENTS = 240
 
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> TableSpec:
     lengths = np.random.default_rng(7).integers(1, 700, DOCUMENTS)
-    return corpus(tmp_path_factory.mktemp("corpus"), lengths, split_rows=90).resolve()
+    return corpus(tmp_path_factory.mktemp("corpus"), lengths, split_rows=60).resolve()
 
 
 def documents(batches: Iterator[dict[str, Any]], budget: TokenBudget, count: int | None = None) -> list[int]:
@@ -100,23 +101,7 @@ def test_every_document_arrives_once_across_two_re_plans(
     assert sorted(delivered) == list(range(DOCUMENTS))
 
 
-def test_what_a_re_plan_cannot_share_is_refused_by_name(tmp_path: Path, spec: TableSpec) -> None:
-    split = corpus(tmp_path / "split", [10, 25, 5])
-    budget = TokenBudget("tokens", max_tokens=10, long="split", group=False, window=8)
-    saving = TokenBatchDataset(split, budget=budget)
-    read = iter(saving)
-    assert documents(read, budget, 2) == [0, 1]
-    with pytest.raises(ValueError, match=r"consumer \(0, 1, 0, 1\) in window 0: 1 of the 3 pieces of its document 1"):
-        TokenBatchDataset(split, budget=budget, rank=0, world_size=2).load_elastic([saving.state_dict()])
-    assert documents(read, budget, 1) == [1]
-    with pytest.raises(ValueError, match=r"2 of the 3 pieces of its document 1"):
-        TokenBatchDataset(split, budget=budget, rank=0, world_size=2).load_elastic([saving.state_dict()])
-    # Once all three pieces are out, the window re-plans.
-    assert documents(read, budget, 1) == [1, 2]
-    resumed = TokenBatchDataset(split, budget=budget, rank=0, world_size=2)
-    resumed.load_elastic([saving.state_dict()])
-    assert documents(iter(resumed), budget) == []
-
+def test_states_and_lineages_of_another_budget_seed_or_kind_are_refused_by_name(spec: TableSpec) -> None:
     budget = TokenBudget("tokens", max_tokens=1000, window=50)
     plain = TokenBatchDataset(spec, budget=budget)
     next(iter(plain))
@@ -158,3 +143,19 @@ def test_a_filtered_table_re_plans_inside_a_window(tmp_path: Path, backend: str)
         resumed.load_elastic([saving.state_dict()])
         rest += documents(iter(resumed), budget)
     assert sorted(before + rest) == [document for document in range(len(lengths)) if document % 3]
+
+
+def test_a_split_document_partly_delivered_comes_again_whole(tmp_path: Path) -> None:
+    split = corpus(tmp_path / "split", [10, 25, 5])
+    budget = TokenBudget("tokens", max_tokens=10, long="split", group=False, window=8)
+    saving = TokenBatchDataset(split, budget=budget)
+    read = iter(saving)
+    # Document 0, then the first of document 1's three pieces.
+    assert [piece for _ in range(2) for piece in pieces_of(next(read), budget)] == [(0, 0, 10), (1, 0, 10)]
+    after = []
+    for rank in range(2):
+        resumed = TokenBatchDataset(split, budget=budget, rank=rank, world_size=2)
+        resumed.load_elastic([saving.state_dict()])
+        after += [piece for batch in resumed for piece in pieces_of(batch, budget)]
+    # Document 1 whole again (its first piece twice in the epoch), and document 2.
+    assert sorted(after) == [(1, 0, 10), (1, 10, 10), (1, 20, 5), (2, 0, 5)]

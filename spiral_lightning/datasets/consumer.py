@@ -26,7 +26,8 @@ from spiral_lightning.core.plan import Plan, Policy, Shard, WorkItem, fingerprin
 from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_cursor
 from spiral_lightning.datasets.job import distributed
-from spiral_lightning.planning.elastic import WindowHoles, remainder_of
+from spiral_lightning.planning.elastic import remainder_of
+from spiral_lightning.planning.holes import WindowHoles
 from spiral_lightning.planning.lineage import RowLineage, check_lineage
 from spiral_lightning.planning.lists import every_shard
 from spiral_lightning.planning.policies import Shuffled, as_policy, balanced, policy_name, shuffle_for
@@ -361,7 +362,7 @@ class Consumer:
 
     def window_holes(self) -> WindowHoles | None:
         """What a consumer of this kind saved inside one of its windows had delivered of it, for
-        a re-plan (see ``planning.elastic.WindowHoles``); ``None``: shuffle windows of rows."""
+        a re-plan (see ``planning.holes.WindowHoles``); ``None``: shuffle windows of rows."""
         return None
 
     def lineage(self) -> dict[str, Any] | None:

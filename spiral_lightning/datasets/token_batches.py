@@ -22,7 +22,8 @@ from spiral_lightning.core.state import State, check_same_topology, check_saved
 from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
-from spiral_lightning.planning.elastic import FirstRows, replan
+from spiral_lightning.planning.elastic import replan
+from spiral_lightning.planning.holes import FirstRows
 from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Pieces as Items
 from spiral_lightning.planning.policies import policy_name
@@ -65,7 +66,7 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
     at most one window again and continues exactly. Under other ranks or workers,
     ``load_elastic`` shares the documents no saved consumer delivered (those of a window it was
     in, less the ones its delivered batches held) among the new consumers, which batch them
-    afresh: every document once in the epoch.
+    afresh: every document once in the epoch (a split one partly delivered, whole again).
     """
 
     # Windows are planned shortest first: a shuffle permutes blocks of documents only.
@@ -171,10 +172,10 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         """Continue an epoch saved by every consumer of another topology (``states``, their
         ``state_dict``s; ``lineage``, the ``lineage()`` saved beside states of an epoch re-planned
         before): the documents none of them delivered are shared among this dataset's consumers
-        with ``balanced`` cuts, each once, and batched by them; later epochs plan as usual.
-        ``ValueError`` when the states are not one epoch of one version, policy and budget, or
-        when a consumer had delivered part of a split document (which cannot be shared as whole
-        stored rows)."""
+        with ``balanced`` cuts, each once, and batched by them; later epochs plan as usual. A
+        document split by ``long="split"`` that a consumer had delivered some pieces of comes
+        again whole. ``ValueError`` when the states are not one epoch of one version, policy and
+        budget."""
         parsed = [self._parsed(state) for state in states]
         for state, (table, _, _) in zip(states, parsed, strict=True):
             integrity.check_digest(state, _KIND, table.where())

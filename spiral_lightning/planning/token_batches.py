@@ -119,9 +119,10 @@ def count_batches(lengths: Ints, budget: TokenBudget, seed: int, epoch: int, con
 def delivered_documents(lengths: Ints, budget: TokenBudget, rng: np.random.Generator, taken: int) -> Ints:
     """The documents (places in the window, sorted) of a window of documents of ``lengths`` tokens
     whose tokens its first ``taken`` batches delivered, planned with ``rng`` as its reads plan it:
-    what an elastic re-plan leaves out of the window. ``ValueError`` when the window plans no more
-    than ``taken`` batches, or when a split document was delivered in part (its other pieces are
-    in batches not delivered, which a re-plan of whole documents cannot continue)."""
+    what an elastic re-plan leaves out of the window. A document split by ``long="split"`` whose
+    other pieces are in batches not delivered is not among them: a re-plan shares whole documents,
+    so it comes again whole (as a packed consumer's partly delivered document does).
+    ``ValueError`` when the window plans no more than ``taken`` batches."""
     found, batches = plan_window(lengths, budget, rng)
     if taken >= len(batches):
         raise ValueError(
@@ -130,13 +131,5 @@ def delivered_documents(lengths: Ints, budget: TokenBudget, rng: np.random.Gener
         )
     done = np.concatenate(batches[:taken]) if taken else np.zeros(0, dtype=np.int64)
     documents, delivered = np.unique(found.document[done], return_counts=True)
-    pieces_of = np.bincount(found.document, minlength=len(lengths))[documents]
-    if (partly := delivered < pieces_of).any():
-        first = int(documents[np.argmax(partly)])
-        raise ValueError(
-            f"{int(delivered[np.argmax(partly)])} of the {int(pieces_of[np.argmax(partly)])} pieces of its document "
-            f"{first} (long='split') were delivered and the others were not; a re-plan shares whole documents, so "
-            "resume under the saved ranks and workers, or save where no split document is half delivered"
-        )
-    kept: Ints = documents.astype(np.int64)
-    return kept
+    whole: Ints = documents[delivered == np.bincount(found.document, minlength=len(lengths))[documents]]
+    return whole.astype(np.int64)
