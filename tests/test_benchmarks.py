@@ -90,8 +90,8 @@ def test_the_step_record_benchmark_runs_and_prints_every_path(tmp_path: Path) ->
         "| stored order, num_workers=2",
         "| shuffle=True, num_workers=0",
         "| shuffle=True, num_workers=2",
-        "| stored order, filter, num_workers=0",
-        "| stored order, filter, num_workers=2",
+        "| filtered, stored order, num_workers=0",
+        "| filtered, stored order, num_workers=2",
     ]
     assert "target a record adds <= 0.2 ms a step" in done.stdout
 
