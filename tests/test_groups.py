@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spiral_lightning import PackedDataset, TableDataset, TableSpec, write_table
+from spiral_lightning import PackedDataset, TableDataset, TableSpec, TokenBatchDataset, TokenBudget, write_table
 from spiral_lightning.datasets.groups import GROUP_BYTES, GROUP_LEFT, GROUP_ROWS, MOST_GROUPED, Grouped, group_size
 from spiral_lightning.reading.tensors import NullError
 
@@ -30,6 +30,10 @@ def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
     tokens = write_table(f"parquet:{tmp_path / 'tokens'}", pa.table({"tokens": [[1, 2, 3]] * 10}), split_rows=5)
     packed = PackedDataset(tokens, column="tokens", length=4, batch_size=2)
     assert group_size(packed) == MOST_GROUPED and not packed.sliced()
+    # Token-budget batches too, a group of them by count (no rows to size one by).
+    budgeted = TokenBatchDataset(tokens, budget=TokenBudget("tokens", max_tokens=8))
+    assert group_size(budgeted) == MOST_GROUPED and not budgeted.sliced()
+    assert isinstance(budgeted.loader(num_workers=1).dataset, Grouped)
     assert TableDataset(spec, batch_size=10).sliced() and not TableDataset(spec, batch_size=10, transform=abs).sliced()
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=1).dataset, Grouped)
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=0).dataset, TableDataset)

@@ -81,7 +81,7 @@ class Consumer:
     #: a ``groups.Grouped`` reader turns it off to put a group of batches in one block.
     hands_on: bool = True
     #: Whether the package's loaders have workers send this kind's batches in groups
-    #: (``groups.group_size`` of its ``batch_size`` rows): not for one whose batches are not rows.
+    #: (``groups.group_size``, of its ``batch_size`` rows or its ``GROUP_BATCHES`` batches).
     GROUPS: ClassVar[bool] = True
 
     def __init__(

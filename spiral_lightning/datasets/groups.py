@@ -38,11 +38,14 @@ GROUP_BYTES = 16 << 20
 
 def group_size(dataset: Any) -> int:
     """The batches a group of ``dataset`` holds: enough for ``GROUP_ROWS`` rows, 1 to
-    ``MOST_GROUPED`` (1: no groups; also for a kind that says ``GROUPS = False`` or has no batch
-    size)."""
-    rows = getattr(dataset, "batch_size", None)
-    if not rows or not getattr(dataset, "GROUPS", False):
+    ``MOST_GROUPED`` (1: no groups; also for a kind that says ``GROUPS = False``). A kind whose
+    batches are no count of rows says how many of them a group holds (``GROUP_BATCHES``, else 1:
+    read batches of a dataset without a batch size), ``GROUP_BYTES`` ending a group sooner."""
+    if not getattr(dataset, "GROUPS", False):
         return 1
+    rows = getattr(dataset, "batch_size", None)
+    if not rows:
+        return int(getattr(dataset, "GROUP_BATCHES", 1))
     return max(1, min(MOST_GROUPED, GROUP_ROWS // int(rows)))
 
 

@@ -21,6 +21,7 @@ from spiral_lightning.core.spec import TableSpec, as_spec
 from spiral_lightning.core.state import State, check_same_topology, check_saved
 from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
+from spiral_lightning.datasets.groups import MOST_GROUPED
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.holes import FirstRows
@@ -71,8 +72,9 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
 
     # Windows are planned shortest first: a shuffle permutes blocks of documents only.
     SHUFFLES_WINDOWS = False
-    # A batch is a budget of tokens, not rows: no groups of batches.
-    GROUPS = False
+    # A batch is a budget of tokens, not rows: a worker's group holds this many of them (fewer
+    # past ``groups.GROUP_BYTES``), as many as it holds of small batches of rows.
+    GROUP_BATCHES = MOST_GROUPED
 
     def __init__(
         self,
@@ -214,6 +216,14 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
             cursor=None if self._position is None else self._position.cursor,
             remainder=self.lineage_digest(),
         )
+
+    def sliced(self) -> bool:
+        """No: a batch is gathered from a window's plan, never a slice of a frame (``groups.Grouped``)."""
+        return False
+
+    def state_now(self) -> dict[str, Any]:
+        """The state a worker's group carries after each batch (``groups.Grouped``)."""
+        return self.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         """This consumer's window, the batches of it delivered, and the settings they are valid for."""
