@@ -16,6 +16,7 @@ from pyarrow.fs import FileSelector
 
 from spiral_lightning import (
     MixedTable,
+    Mixture,
     PackedDataset,
     Packing,
     Shuffled,
@@ -358,3 +359,33 @@ def test_the_record_of_windows_names_the_rows_of_each_steps_windows_through_a_re
         {200 * split + row for split, low, high in recorded[step][0] for row in range(low, high)} for step in recorded
     ]
     assert noted == seen
+
+
+def test_the_record_of_a_mixture_of_filtered_tables_names_each_tables_kept_rows(tmp_path: Path) -> None:
+    ids = np.arange(300)
+    first = write_table(f"parquet:{tmp_path / 'a'}", pa.table({"id": ids, "k": ids % 3}), split_rows=100)
+    second = write_table(
+        f"spiral:{tmp_path / 'b'}", pa.table({"id": 1000 + ids[:200], "k": ids[:200] % 2}), split_rows=50
+    )
+    tables = [(TableSpec(first.uri, filter="k != 0"), 1.0), (TableSpec(second.uri, filter="k = 1"), 1.0)]
+    mixture = Mixture(tables, batch_size=16, table_key="table")
+    loader = mixture.loader(num_workers=0)
+    record = StepRecord(tmp_path / "record", mixture, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(loader):
+        record.note(step, consumer_states(loader.state_dict()))
+        seen.append(sorted(int(i) for i in batch["id"].tolist()))
+    record.flush()
+    recorded = rows(tmp_path / "record")
+    # Table 0's split s holds ids 100 s.., table 1's ids 1000 + 50 s..
+    split_rows, base = (100, 50), (0, 1000)
+    noted = [
+        sorted(
+            base[table] + split_rows[table] * split + row
+            for table, split, low, high in ranks[0]
+            for row in range(low, high)
+        )
+        for ranks in recorded.values()
+    ]
+    assert noted == seen and len(seen) > 10
