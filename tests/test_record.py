@@ -11,6 +11,8 @@ import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 from pyarrow.fs import FileSelector
 
@@ -34,6 +36,7 @@ from spiral_lightning.datasets.record import StepRecord, check_recordable
 from spiral_lightning.lightning.cli import main
 from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.record import rows
+from tests.examples import examples
 from tests.lightning_job import TABLE_IDS, Recorder
 from tests.objectstore import S3Server
 from tests.tables import write_uneven
@@ -389,3 +392,37 @@ def test_the_record_of_a_mixture_of_filtered_tables_names_each_tables_kept_rows(
         for ranks in recorded.values()
     ]
     assert noted == seen and len(seen) > 10
+
+
+@examples(20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    size=st.integers(1, 6),
+    stride=st.integers(1, 9),
+    batch_size=st.integers(1, 5),
+    episode=st.integers(3, 40),
+    drop=st.sets(st.integers(0, 239), max_size=60),
+    group=st.booleans(),
+)
+def test_every_windows_step_notes_the_rows_of_its_windows(
+    tmp_path: Path, size: int, stride: int, batch_size: int, episode: int, drop: set[int], group: bool
+) -> None:
+    folder = tmp_path / f"t{size}-{stride}-{batch_size}-{episode}-{len(drop)}-{group}-{hash(frozenset(drop))}"
+    ids = np.arange(240)
+    table = pa.table({"id": ids, "episode": ids // episode})
+    spec = write_table(f"parquet:{folder / 'table'}", table, split_rows=70)
+    kept = f"id NOT IN ({', '.join(map(str, sorted(drop)))})" if drop else None
+    windows = Windows(size, stride=stride, group_by="episode" if group else None)
+    dataset = WindowDataset(TableSpec(spec.uri, filter=kept), windows=windows, batch_size=batch_size, policy="balanced")
+    record = StepRecord(folder / "record", dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(dataset):
+        record.note(step, [dataset.state_dict()])
+        seen.append({int(i) for i in batch["id"].flatten().tolist()})
+    record.flush()
+    recorded = rows(folder / "record")
+    # Row i of the table is stored row i % 70 of split i // 70.
+    noted = [
+        {70 * split + row for split, low, high in ranks[0] for row in range(low, high)} for ranks in recorded.values()
+    ]
+    assert noted == seen and len(seen) == dataset.batches(0)
