@@ -75,6 +75,7 @@ def test_the_token_batches_benchmark_runs_and_prints_every_path(tmp_path: Path) 
         "| fixed rows, padded",
         "| `PackedDataset`",
         "| `TokenBatchDataset` padded",
+        "| `TokenBatchDataset` padded, 2 workers",
         "| `TokenBatchDataset` padded, group=False",
         "| `TokenBatchDataset` flat",
     ]
