@@ -59,6 +59,19 @@ def fit(root: Path, spec: TableSpec, ckpt_path: Path | None, **settings: Any) ->
     return model
 
 
+def noted_steps(folder: Path, dataset: Any, loader: Any, delivered: Callable[[Any], Any]) -> list[Any]:
+    """What ``delivered`` says of each batch of ``loader`` (over ``dataset``), each batch noted as
+    a step, from step 0, in a record of ``dataset`` in ``folder``."""
+    record = StepRecord(folder, dataset, rank=0, from_step=0)
+    record.begin([])
+    seen = []
+    for step, batch in enumerate(loader):
+        record.note(step, consumer_states(loader.state_dict()))
+        seen.append(delivered(batch))
+    record.flush()
+    return seen
+
+
 def stored(ranges: list[tuple[int, int, int]]) -> list[int]:
     """The ids of a one-split table whose id is its stored row."""
     return sorted(row for split, start, end in ranges for row in range(start, end))
@@ -269,17 +282,13 @@ def test_the_record_of_a_filtered_table_names_the_kept_rows_each_step_read(
     spec = write_table(f"{backend}:{tmp_path / 'corpus'}", corpus(FILTERED_LENGTHS), split_rows=300)
     owner = {token: number for number, document in enumerate(documents(FILTERED_LENGTHS)) for token in document}
     dataset = filtered_dataset(spec, kind)
-    loader = dataset.loader(num_workers=workers)
-    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
-    record.begin([])
-    seen = []
-    for step, batch in enumerate(loader):
-        record.note(step, consumer_states(loader.state_dict()))
+
+    def delivered(batch: dict[str, Any]) -> set[int]:
         if kind in ("rows", "windows"):
-            seen.append({int(i) for i in batch["id"].tolist()})
-        else:
-            seen.append({owner[int(token)] for token in batch["tokens"].flatten().tolist() if token >= 0})
-    record.flush()
+            return {int(i) for i in batch["id"].tolist()}
+        return {owner[int(token)] for token in batch["tokens"].flatten().tolist() if token >= 0}
+
+    seen = noted_steps(tmp_path / "record", dataset, dataset.loader(num_workers=workers), delivered)
     recorded = rows(tmp_path / "record")
     assert sorted(recorded) == list(range(len(seen))) and len(seen) > 5
     # Row i of the table is stored row i % 300 of split i // 300.
@@ -372,14 +381,9 @@ def test_the_record_of_a_mixture_of_filtered_tables_names_each_tables_kept_rows(
     )
     tables = [(TableSpec(first.uri, filter="k != 0"), 1.0), (TableSpec(second.uri, filter="k = 1"), 1.0)]
     mixture = Mixture(tables, batch_size=16, table_key="table")
-    loader = mixture.loader(num_workers=0)
-    record = StepRecord(tmp_path / "record", mixture, rank=0, from_step=0)
-    record.begin([])
-    seen = []
-    for step, batch in enumerate(loader):
-        record.note(step, consumer_states(loader.state_dict()))
-        seen.append(sorted(int(i) for i in batch["id"].tolist()))
-    record.flush()
+    seen = noted_steps(
+        tmp_path / "record", mixture, mixture.loader(num_workers=0), lambda batch: sorted(batch["id"].tolist())
+    )
     recorded = rows(tmp_path / "record")
     # Table 0's split s holds ids 100 s.., table 1's ids 1000 + 50 s..
     split_rows, base = (100, 50), (0, 1000)

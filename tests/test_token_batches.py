@@ -20,14 +20,13 @@ from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spiral_lightning import SpiralDataModule, TableSpec, TokenBatchDataset, TokenBudget, Windows, write_table
-from spiral_lightning.datasets.record import StepRecord
 from spiral_lightning.demos.data import corpus_tables
 from spiral_lightning.lightning.cli import main
-from spiral_lightning.lightning.loader import consumer_states
 from spiral_lightning.planning.token_batches import count_batches, plan_window, window_rng
 from spiral_lightning.record import rows
 from tests.ranks import torchrun
 from tests.tables import BACKENDS
+from tests.test_record import noted_steps
 
 #: Document ``i``'s tokens are ``i * STRIDE, i * STRIDE + 1, ...``: each batch names its documents.
 STRIDE = 100_000
@@ -271,14 +270,12 @@ def test_the_record_names_the_documents_of_each_token_budget_step(tmp_path: Path
     spec = corpus(tmp_path / "corpus", lengths)  # splits of 300 documents: document i is row i % 300 of split i // 300
     budget = TokenBudget("tokens", max_tokens=1024, form="flat", window=64)
     dataset = TokenBatchDataset(spec, budget=budget, shuffle=True, seed=3)
-    loader = dataset.loader(num_workers=2)
-    record = StepRecord(tmp_path / "record", dataset, rank=0, from_step=0)
-    record.begin([])
-    seen = []
-    for step, batch in enumerate(loader):
-        record.note(step, consumer_states(loader.state_dict()))
-        seen.append(sorted(document for document, _, _ in pieces_of(batch, budget)))
-    record.flush()
+    seen = noted_steps(
+        tmp_path / "record",
+        dataset,
+        dataset.loader(num_workers=2),
+        lambda batch: sorted(document for document, _, _ in pieces_of(batch, budget)),
+    )
     recorded = rows(tmp_path / "record")
     assert sorted(recorded) == list(range(len(seen)))
     named = [
