@@ -26,11 +26,11 @@ from spiral_lightning.datasets.loader import TableLoader, loader_options, worker
 from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.holes import FirstRows
 from spiral_lightning.planning.lineage import RowLineage
-from spiral_lightning.planning.lists import Pieces as Items
+from spiral_lightning.planning.lists import Pieces
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.planning.token_batches import (
     Ints,
-    Pieces,
+    WindowPlan,
     count_batches,
     delivered_documents,
     plan_window,
@@ -115,7 +115,7 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         self._lengths: dict[WorkItem, Ints] = {}
         # The work list and plan of the window ``documents_of`` planned last: a window's steps
         # follow each other, and each would otherwise plan the list again.
-        self._plan: tuple[tuple[int, tuple[int, ...], int], list[WorkItem], tuple[Pieces, list[Ints]]] | None = None
+        self._plan: tuple[tuple[int, tuple[int, ...], int], list[WorkItem], WindowPlan] | None = None
 
     def _on_new_epoch(self) -> None:
         self._work = None
@@ -305,7 +305,7 @@ class TokenHoles:
         """The budget and seed the windows were planned under, pinned in a lineage."""
         return "tokens " + json.dumps([self.seed, *self.budget.settings()], separators=(",", ":"))
 
-    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Items, first: FirstRows) -> np.ndarray:
+    def __call__(self, shard: Shard, epoch: int, window: int, taken: int, rows: Pieces, first: FirstRows) -> np.ndarray:
         places = first(self.budget.window)
         # The items up to the window's last document: its documents, read through the filter if any.
         sizes = np.minimum(np.cumsum(rows.end - rows.start), int(places[-1]) + 1 if len(places) else 0)

@@ -34,7 +34,7 @@ class TooLongDocument(ValueError):
         )
 
 
-class Pieces(NamedTuple):
+class DocumentPieces(NamedTuple):
     """A window's pieces: piece ``i`` is tokens ``start[i] : start[i] + length[i]`` of the
     window's document ``document[i]``."""
 
@@ -43,24 +43,25 @@ class Pieces(NamedTuple):
     length: Ints
 
 
-def pieces(lengths: Ints, budget: TokenBudget) -> Pieces:
+def pieces(lengths: Ints, budget: TokenBudget) -> DocumentPieces:
     """The pieces of documents of ``lengths`` tokens under ``budget.long`` (see ``TokenBudget``)."""
     limit = budget.max_tokens
     count = len(lengths)
     over = lengths > limit
     if not over.any():
-        return Pieces(np.arange(count, dtype=np.int64), np.zeros(count, dtype=np.int64), lengths.astype(np.int64))
+        whole = np.arange(count, dtype=np.int64)
+        return DocumentPieces(whole, np.zeros(count, dtype=np.int64), lengths.astype(np.int64))
     if budget.long == "refuse":
         first = int(np.argmax(over))
         raise TooLongDocument(first, int(lengths[first]), budget)
     if budget.long == "truncate":
         kept = np.minimum(lengths, limit).astype(np.int64)
-        return Pieces(np.arange(count, dtype=np.int64), np.zeros(count, dtype=np.int64), kept)
+        return DocumentPieces(np.arange(count, dtype=np.int64), np.zeros(count, dtype=np.int64), kept)
     per_document = np.maximum(1, -(-lengths // limit)).astype(np.int64)
     document = np.repeat(np.arange(count, dtype=np.int64), per_document)
     index = np.arange(len(document), dtype=np.int64) - np.repeat(np.cumsum(per_document) - per_document, per_document)
     start = index * limit
-    return Pieces(document, start, np.minimum(lengths[document] - start, limit).astype(np.int64))
+    return DocumentPieces(document, start, np.minimum(lengths[document] - start, limit).astype(np.int64))
 
 
 def window_rng(seed: int, epoch: int, consumer: Sequence[int], window: int) -> np.random.Generator:
@@ -69,7 +70,12 @@ def window_rng(seed: int, epoch: int, consumer: Sequence[int], window: int) -> n
     return np.random.default_rng([seed, epoch, *consumer, window])
 
 
-def plan_window(lengths: Ints, budget: TokenBudget, rng: np.random.Generator) -> tuple[Pieces, list[Ints]]:
+#: A window's plan: its pieces, and its batches in the order they are delivered, each the
+#: indexes of its pieces.
+WindowPlan = tuple[DocumentPieces, list[Ints]]
+
+
+def plan_window(lengths: Ints, budget: TokenBudget, rng: np.random.Generator) -> WindowPlan:
     """The pieces of a window of documents of ``lengths`` tokens and its batches, in the order
     they are delivered: each batch the indexes of its pieces, all within the budget (see
     ``TokenBudget``); ``TooLongDocument`` under ``long="refuse"``."""

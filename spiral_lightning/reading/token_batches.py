@@ -19,7 +19,7 @@ import torch
 from spiral_lightning.core.budget import TokenBudget
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.core.state import Cursor
-from spiral_lightning.planning.token_batches import Ints, Pieces, TooLongDocument, plan_window, window_rng
+from spiral_lightning.planning.token_batches import DocumentPieces, Ints, TooLongDocument, plan_window, window_rng
 from spiral_lightning.reading.frames import read_frames
 from spiral_lightning.sources import Reader, Source
 
@@ -111,7 +111,7 @@ def read_batches(
 
 
 def tensors(
-    values: np.ndarray[Any, Any], starts: Ints, found: Pieces, batch: Ints, budget: TokenBudget
+    values: np.ndarray[Any, Any], starts: Ints, found: DocumentPieces, batch: Ints, budget: TokenBudget
 ) -> dict[str, Any]:
     """One batch of the pieces ``batch`` of a window whose documents start at ``starts`` in
     ``values``: padded ``{column: [B, L], "lengths": [B]}`` or flat ``{column: [T], "cu_seqlens":
