@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ from spiral_lightning.core.spec import TableSpec, as_spec, with_selection
 from spiral_lightning.core.state import Cursor, State, check_cursor
 from spiral_lightning.datasets.job import distributed
 from spiral_lightning.planning.elastic import remainder_of
+from spiral_lightning.planning.elastic import replan as replan_epoch
 from spiral_lightning.planning.holes import WindowHoles
 from spiral_lightning.planning.lineage import RowLineage, check_lineage
 from spiral_lightning.planning.lists import every_shard
@@ -359,6 +360,29 @@ class Consumer:
         filtered = self.spec.filter is not None
         remainder = remainder_of(self.source(), self.policy, found, holes=self.window_holes(), filtered=filtered)
         self.replan(remainder.plan, found.epoch, found, keep=keep)
+
+    def replan_saved(
+        self,
+        saved: Sequence[State],
+        lineage: Mapping[str, Any] | None,
+        *,
+        keep: bool = False,
+        finished: Collection[Shard] = (),
+        windows: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """Read in their epoch what every consumer of another topology (``saved``, table states;
+        ``lineage``, saved beside states of an epoch re-planned before) had not delivered, from the
+        start (``planning.elastic.replan`` takes ``finished``, ``windows``); ``keep`` as for ``replan``."""
+        if saved and saved[0].version != self.spec.version:
+            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
+        earlier = None if lineage is None else RowLineage.from_dict(lineage)
+        source, filtered, holes = self.source(), self.spec.filter is not None, self.window_holes()
+        found, remainder = replan_epoch(
+            source, self.policy, saved, earlier, filtered=filtered, finished=finished, holes=holes, windows=windows
+        )
+        self.set_epoch(saved[0].epoch)
+        self.replan(remainder.plan, saved[0].epoch, found, keep=keep)
+        self._on_new_epoch()
 
     def window_holes(self) -> WindowHoles | None:
         """What a consumer of this kind saved inside one of its windows had delivered of it, for

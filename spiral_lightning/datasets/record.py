@@ -211,7 +211,7 @@ class StepRecord:
         _, stream, kept = self._listed(dataset.table, None, state, lambda: dataset.work(state.shard)[0])
         found = self._places.get(state.shard)
         if found is None or found[0] != state.work:
-            found = self._places[state.shard] = (state.work, dataset.places(state.shard)[1])
+            found = self._places[state.shard] = (state.work, dataset.places(state.shard))
         places = found[1]
 
         def windows_before(position: tuple[State | None, int]) -> int:

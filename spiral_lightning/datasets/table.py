@@ -20,8 +20,6 @@ from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, SKIPPED, Consumer
 from spiral_lightning.datasets.job import grouped
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
-from spiral_lightning.planning.elastic import replan
-from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Units, consumer_rows, every_shard, stored_rows, unit_key, units
 from spiral_lightning.planning.policies import Shuffled, balanced, policy_name, window_key
 from spiral_lightning.reading.convert import Converter, frame_converter
@@ -185,17 +183,7 @@ class TableDataset(Consumer, IterableDataset[Any]):
         ``finished``: saved consumers done with their list whatever their state says, ``keep``:
         keep other epochs' re-plans (both for a ``Mixture``'s tables). ``ValueError`` unless the
         states are one epoch of one version and policy."""
-        saved = [State.from_dict(state) for state in states]
-        if saved and saved[0].version != self.spec.version:
-            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
-        earlier = None if lineage is None else RowLineage.from_dict(lineage)
-        found, remainder = replan(
-            self.source(), self.policy, saved, earlier, filtered=self.spec.filter is not None, finished=finished
-        )
-        self.set_epoch(saved[0].epoch)
-        self.replan(remainder.plan, saved[0].epoch, found, keep=keep)
-        # The re-planned list is unread: a state saved before the next pass is at its start.
-        self._on_new_epoch()
+        self.replan_saved([State.from_dict(state) for state in states], lineage, keep=keep, finished=finished)
         self._resume = None
 
     def __len__(self) -> int:

@@ -23,9 +23,7 @@ from spiral_lightning.core.tokens import check_token_column, token_spec
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD, Consumer
 from spiral_lightning.datasets.groups import MOST_GROUPED
 from spiral_lightning.datasets.loader import TableLoader, loader_options, workers_for
-from spiral_lightning.planning.elastic import replan
 from spiral_lightning.planning.holes import FirstRows
-from spiral_lightning.planning.lineage import RowLineage
 from spiral_lightning.planning.lists import Pieces
 from spiral_lightning.planning.policies import policy_name
 from spiral_lightning.planning.token_batches import (
@@ -181,19 +179,8 @@ class TokenBatchDataset(Consumer, IterableDataset[Any]):
         parsed = [self._parsed(state) for state in states]
         for state, (table, _, _) in zip(states, parsed, strict=True):
             integrity.check_digest(state, _KIND, table.where())
-        saved = [table for table, _, _ in parsed]
-        if saved and saved[0].version != self.spec.version:
-            raise ValueError(f"the states were saved reading version {saved[0].version}, not {self.spec.version}")
         windows = [(window, taken) for _, window, taken in parsed]
-        earlier = None if lineage is None else RowLineage.from_dict(lineage)
-        filtered = self.spec.filter is not None
-        found, remainder = replan(
-            self.source(), self.policy, saved, earlier, filtered=filtered, holes=self.window_holes(), windows=windows
-        )
-        self.set_epoch(saved[0].epoch)
-        self.replan(remainder.plan, saved[0].epoch, found)
-        # The re-planned list is unread: a state saved before the next pass is at its start.
-        self._on_new_epoch()
+        self.replan_saved([table for table, _, _ in parsed], lineage, windows=windows)
         self._restored = None
 
     def window_holes(self) -> TokenHoles:

@@ -164,11 +164,11 @@ class WindowDataset(IterableDataset[Any]):
         group_by = self.windows.group_by
         return self.table.source() if group_by is None else open_source(replace(self.table.spec, columns=(group_by,)))
 
-    def places(self, shard: Shard) -> tuple[list[WorkItem], WindowPlaces]:
-        """Consumer ``shard``'s work list this epoch and where its windows lie in its stream,
-        found from its items' kept rows or its group column's runs (a step record's rows)."""
+    def places(self, shard: Shard) -> WindowPlaces:
+        """Where consumer ``shard``'s windows lie in its stream this epoch, found from its items'
+        kept rows or its group column's runs (a step record's rows)."""
         items, leads = self.work(shard)
-        return items, window_places(self._runs_source(), items, leads, self.windows)
+        return window_places(self._runs_source(), items, leads, self.windows)
 
     def work(self, shard: Shard | None = None) -> tuple[list[WorkItem], list[int]]:
         """The work list of ``shard`` (this process's consumer) in this epoch and each item's lead:
