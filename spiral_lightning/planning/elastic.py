@@ -69,7 +69,7 @@ def replan(
     consumer whose epoch ended on this table). ``holes`` finds what a consumer took of its window
     (``ShuffleHoles`` of the policy when ``None``), and ``windows`` gives each state's window and
     its progress there when the kind counts them outside the cursor (token budgets)."""
-    holes = ShuffleHoles(policy) if holes is None else holes
+    in_windows = Windows(ShuffleHoles(policy) if holes is None else holes, source, filtered)
     world_size, workers = _check_topology(states)
     first = _check_alike(states, policy)
     links: tuple[Link, ...] = ()
@@ -90,9 +90,9 @@ def replan(
                 f"the states name lineage {first.remainder} of version {first.version}, epoch {first.epoch}; "
                 f"the lineage given is {earlier.digest} of version {earlier.version}, epoch {earlier.epoch}"
             )
-        _check_windows(earlier, holes)
+        _check_windows(earlier, in_windows.holes)
         links = earlier.links
-    remainder, current = _walk(source, policy, first.epoch, links, share, holes, filtered)
+    remainder, current = _walk(source, policy, first.epoch, links, share, in_windows)
     grouped, lead = _grouped(current, remainder, world_size, workers, first.epoch)
     link = _link(
         source,
@@ -106,9 +106,9 @@ def replan(
         windows=windows,
     )
     lineage = RowLineage(
-        first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share), holes.name
+        first.version, policy_name(policy), first.epoch, (*links, link), policy_name(share), in_windows.holes.name
     )
-    return lineage, _undelivered(grouped, lead, link, Windows(holes, source, filtered), first.epoch)
+    return lineage, _undelivered(grouped, lead, link, in_windows, first.epoch)
 
 
 def remainder_of(
@@ -123,14 +123,14 @@ def remainder_of(
     """The remainder ``lineage`` describes: what the consumers of its last re-plan share with
     ``share`` (``holes`` as for ``replan``); ``ValueError`` when it was made for another policy,
     share or kind of window."""
-    holes = ShuffleHoles(policy) if holes is None else holes
+    in_windows = Windows(ShuffleHoles(policy) if holes is None else holes, source, filtered)
     if (lineage.policy, lineage.share) != (policy_name(policy), policy_name(share)):
         raise ValueError(
             f"the re-plan lineage {lineage.digest} is of policy {lineage.policy} shared with {lineage.share}, not "
             f"{policy_name(policy)} shared with {policy_name(share)}; it belongs to another dataset"
         )
-    _check_windows(lineage, holes)
-    return _walk(source, policy, lineage.epoch, lineage.links, share, holes, filtered)[0]
+    _check_windows(lineage, in_windows.holes)
+    return _walk(source, policy, lineage.epoch, lineage.links, share, in_windows)[0]
 
 
 def _check_windows(lineage: RowLineage, holes: WindowHoles) -> None:
@@ -159,15 +159,14 @@ def _walk(
     epoch: int,
     links: Sequence[Link],
     share: Policy,
-    holes: WindowHoles,
-    filtered: bool,
+    windows: Windows,
 ) -> tuple[Remainder, Policy]:
     """What the consumers after ``links`` cut their lists from: the plan under ``policy``, or
     the last link's remainder under ``share``."""
     remainder, current = Remainder(as_plan(source.splits), np.zeros(len(source.splits), dtype=np.int64)), policy
     for link in links:
         grouped, lead = _grouped(current, remainder, link.world_size, link.workers, epoch)
-        remainder, current = _undelivered(grouped, lead, link, Windows(holes, source, filtered), epoch), share
+        remainder, current = _undelivered(grouped, lead, link, windows, epoch), share
     return remainder, current
 
 
