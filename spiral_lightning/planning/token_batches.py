@@ -48,13 +48,10 @@ def pieces(lengths: Ints, budget: TokenBudget) -> DocumentPieces:
     limit = budget.max_tokens
     count = len(lengths)
     over = lengths > limit
-    if not over.any():
-        whole = np.arange(count, dtype=np.int64)
-        return DocumentPieces(whole, np.zeros(count, dtype=np.int64), lengths.astype(np.int64))
-    if budget.long == "refuse":
+    if over.any() and budget.long == "refuse":
         first = int(np.argmax(over))
         raise TooLongDocument(first, int(lengths[first]), budget)
-    if budget.long == "truncate":
+    if not over.any() or budget.long == "truncate":
         kept = np.minimum(lengths, limit).astype(np.int64)
         return DocumentPieces(np.arange(count, dtype=np.int64), np.zeros(count, dtype=np.int64), kept)
     per_document = np.maximum(1, -(-lengths // limit)).astype(np.int64)
