@@ -111,8 +111,8 @@ class Plan(Sequence[Split]):
     def __len__(self) -> int:
         return int(self.ids.size)
 
-    def stored_rows(self, index: int) -> np.ndarray:
-        """The stored rows of split ``index``, in order (int64)."""
+    def row_numbers(self, index: int) -> np.ndarray:
+        """The numbers of split ``index``'s stored rows, in order (int64)."""
         return np.arange(self.starts[index], self.ends[index], dtype=np.int64)
 
     @overload

@@ -423,7 +423,7 @@ class ParquetSource:
 
     def kept(self, split: int) -> np.ndarray:
         if self._filter is None:
-            return self._splits.stored_rows(split)
+            return self._splits.row_numbers(split)
         if split not in self._kept_rows:
             keys = self._read_group(split, self._filter_schema)
             numbered = keys.append_column("__stored_row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))

@@ -219,7 +219,7 @@ class SdsSource:
     def kept(self, split: int) -> np.ndarray:
         # From the records' metadata alone.
         if self._filter is None:
-            return self._splits.stored_rows(split)
+            return self._splits.row_numbers(split)
         if split not in self._kept_rows:
             first, rows = self._first_ordinals[split], self._splits[split].end
             schema = pa.schema([self._layout.schema.field(name) for name in self._filter_columns])

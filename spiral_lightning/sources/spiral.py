@@ -337,7 +337,7 @@ class SpiralSource:
         return self._unfiltered.take(takes)
 
     def kept(self, split: int) -> np.ndarray:
-        return self._splits.stored_rows(split) if self._filter is None else self._unfiltered.kept(split)
+        return self._splits.row_numbers(split) if self._filter is None else self._unfiltered.kept(split)
 
     @cached_property
     def _unfiltered(self) -> _KeptRows:
