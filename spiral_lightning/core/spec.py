@@ -62,6 +62,12 @@ class TableSpec:
     its budget ``cache_bytes``) the bytes fetched are kept in that local folder, least recently
     used dropped first, so later passes over the same version read local disk.
 
+    With ``decoded_cache_dir`` (and its budget ``decoded_cache_bytes``) each work item a pass
+    reads whole is kept in that local folder decoded, as uncompressed Arrow, and later passes
+    read it from there instead of decoding the table again (any backend; the filter must be
+    text). It costs the uncompressed size of the rows on disk and saves the decoding CPU of every
+    pass after the first.
+
     Numeric, boolean and fixed-size-list columns always become tensors, so their nulls need a
     decision: ``null_fill`` gives the value a column's nulls become, and each column of
     ``null_mask`` also gets a ``[rows]`` bool tensor ``<column>_valid``, True where the row has a
@@ -81,6 +87,8 @@ class TableSpec:
     storage_options: Mapping[str, Any] | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None
+    decoded_cache_dir: str | None = None
+    decoded_cache_bytes: int | None = None
     prefetch: int = DEFAULT_PREFETCH
     null_fill: Mapping[str, int | float | bool] | None = None
     null_mask: tuple[str, ...] = ()
@@ -108,6 +116,17 @@ class TableSpec:
             raise ValueError("cache_dir and cache_bytes go together: a cache folder and its budget in bytes")
         if self.cache_bytes is not None:
             check_positive("cache_bytes", self.cache_bytes)
+        if (self.decoded_cache_dir is None) != (self.decoded_cache_bytes is None):
+            raise ValueError(
+                "decoded_cache_dir and decoded_cache_bytes go together: a cache folder and its budget in bytes"
+            )
+        if self.decoded_cache_bytes is not None:
+            check_positive("decoded_cache_bytes", self.decoded_cache_bytes)
+        if self.decoded_cache_dir is not None and not isinstance(self.filter, str | None):
+            raise ValueError(
+                f"decoded_cache_dir needs the filter as text (the filter language), not {type(self.filter).__name__}: "
+                "a cache entry is named by the filter, and a native expression has no stable name"
+            )
         check_positive("prefetch", self.prefetch, "row groups in flight")
         if self.columns is not None:
             columns: Any = self.columns

@@ -13,7 +13,9 @@ from spiral_lightning.core.backends import backend
 from spiral_lightning.core.secrets import masking
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.core.storage import StorageOptions
+from spiral_lightning.sources.cache import ByteCache
 from spiral_lightning.sources.chunks import ArrowData
+from spiral_lightning.sources.decoded_cache import DecodedCache
 from spiral_lightning.sources.protocol import ReadBatch, Reader, Source, Take
 
 __all__ = ["ReadBatch", "Reader", "Source", "Take", "open_source", "write"]
@@ -46,6 +48,8 @@ def open_source(spec: TableSpec) -> Source:
             f"media projections name columns {missing} that the scan of {spec.uri!r} does not return; "
             f"it returns {source.schema.names}"
         )
+    if spec.decoded_cache_dir is not None and spec.decoded_cache_bytes is not None:
+        source = DecodedCache(source, spec, ByteCache(spec.decoded_cache_dir, spec.decoded_cache_bytes))
     return source
 
 

@@ -42,22 +42,23 @@ class ByteCache:
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
     def get(self, key: str) -> pa.Buffer | None:
-        """The bytes kept under ``key``, mapped into memory (pages load as they are read, and stay
-        readable after the entry is dropped), or ``None``."""
+        """The bytes kept under ``key`` read into this process's memory, or ``None``. Not mapped:
+        tensors made over a mapped file's pages would be read-only, and a write into one (an
+        in-place transform) would crash the process."""
         path = self.folder / f"{key}{_SUFFIX}"
         try:
-            mapped = pa.memory_map(str(path))
+            with pa.OSFile(str(path)) as file:
+                data: pa.Buffer = file.read_buffer()
             os.utime(path)
         except FileNotFoundError:
             return None
-        data: pa.Buffer = mapped.read_buffer()
         return data
 
     def has(self, key: str) -> bool:
         """Whether an entry is kept under ``key`` now (it may be dropped at any time after)."""
         return (self.folder / f"{key}{_SUFFIX}").exists()
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | pa.Buffer) -> None:
         """Keep ``data`` under ``key``, then drop the least recently used entries over the budget."""
         if len(data) > self.max_bytes:
             return

@@ -1,0 +1,134 @@
+"""Decoded rows kept on local disk: a source whose work items, once read whole, are read again from
+a local folder of uncompressed Arrow instead of being fetched and decoded each pass.
+
+Decoding is most of a pass's cost on a local table with compressed columns: a Parquet column of
+fixed-size lists is rebuilt from its repetition levels row by row, at about a tenth of a second of
+one core per million 16-float rows, every epoch. An entry holds one work item's read batches as
+the source returned them (after the filter, with the backend's own media decoding) in Arrow's IPC
+format, with the stored row after each batch, so a pass read from entries yields the same batches
+and the same resume positions as one read from the table. Entries are named by the version, the
+read's settings and the item, so a changed table or setting never reads another's rows; the
+folder is a ``ByteCache`` (a byte budget, least recently used dropped first) that every process of
+a job may share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from spiral_lightning.core.plan import Plan, WorkItem
+from spiral_lightning.core.spec import TableSpec
+from spiral_lightning.sources.cache import ByteCache
+from spiral_lightning.sources.protocol import ReadBatch, Source, Take
+
+#: The schema metadata key of an entry's stored rows after each of its batches.
+_NEXT_ROWS = b"spiral_lightning.next_rows"
+
+
+class DecodedCache:
+    """``source`` with each work item it reads whole kept in ``cache``, decoded, and read from there
+    by later reads of the same item. Everything but ``read`` is the source's own.
+
+        spec = TableSpec("parquet:/data/train", decoded_cache_dir="/nvme/decoded", decoded_cache_bytes=50 << 30)
+        dataset = TableDataset(spec, batch_size=1024)  # the first epoch fills the folder
+        for batch in dataset: ...                      # later epochs read it
+    """
+
+    def __init__(self, source: Source, spec: TableSpec, cache: ByteCache) -> None:
+        self.source = source
+        self.cache = cache
+        # What the rows of an item depend on besides the item: the version and the read's settings.
+        # A native filter has no stable text, so TableSpec accepts only filter text with this cache.
+        self._read = (source.version, str(source.schema), spec.filter, spec.media, spec.on_error)
+
+    @property
+    def version(self) -> str:
+        return self.source.version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.source.schema
+
+    @property
+    def decoded(self) -> frozenset[str]:
+        return self.source.decoded
+
+    @property
+    def splits(self) -> Plan:
+        return self.source.splits
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """The source's own answer: a pass with every item kept never fetches, and reads alike
+        on one thread or several."""
+        return bool(getattr(self.source, "fetches_ahead", False))
+
+    def count(self, items: Sequence[WorkItem]) -> list[int]:
+        return self.source.count(items)
+
+    def kept(self, split: int) -> np.ndarray:
+        return self.source.kept(split)
+
+    def take(self, takes: Sequence[Take]) -> pa.Table:
+        return self.source.take(takes)
+
+    def key(self, item: WorkItem) -> str:
+        """The entry name of ``item``'s rows under this source's version and settings."""
+        return ByteCache.key(*self._read, item.split, item.start, item.end)
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        """The rows of ``items``: each kept item from its entry, each run of items not kept in one
+        read of the source (a read sets up a scan), kept as it completes."""
+        index = 0
+        while index < len(items):
+            kept = self.cache.get(self.key(items[index]))
+            if kept is not None:
+                yield from _batches(kept, index)
+                index += 1
+                continue
+            end = index + 1
+            while end < len(items) and not self.cache.has(self.key(items[end])):
+                end += 1
+            yield from self._read_keeping(items, index, end)
+            index = end
+
+    def _read_keeping(self, items: Sequence[WorkItem], first: int, end: int) -> Iterator[ReadBatch]:
+        """Items ``first..end`` read from the source; each one whose batches were all taken is kept."""
+        held: list[tuple[pa.RecordBatch, int]] = []
+        held_bytes = 0
+        current = first
+        for batch, offset, next_row in self.source.read(items[first:end]):
+            while first + offset > current:
+                self._keep(items[current], held, held_bytes)
+                held, held_bytes, current = [], 0, current + 1
+            yield batch, current, next_row
+            if held_bytes <= self.cache.max_bytes:
+                held.append((batch, next_row))
+                held_bytes += batch.nbytes
+        # The source's read ended: every item from ``current`` on has had all its batches.
+        for item in items[current:end]:
+            self._keep(item, held, held_bytes)
+            held, held_bytes = [], 0
+
+    def _keep(self, item: WorkItem, batches: list[tuple[pa.RecordBatch, int]], nbytes: int) -> None:
+        if nbytes > self.cache.max_bytes:
+            return
+        shown = batches[0][0].schema if batches else self.source.schema
+        schema = shown.with_metadata({_NEXT_ROWS: json.dumps([row for _, row in batches]).encode()})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema) as writer:
+            for batch, _ in batches:
+                writer.write_batch(batch)
+        self.cache.put(self.key(item), sink.getvalue())
+
+
+def _batches(entry: pa.Buffer, index: int) -> Iterator[ReadBatch]:
+    """The read batches an entry kept, as item ``index`` of a read."""
+    reader = pa.ipc.open_file(entry)
+    next_rows = json.loads(reader.schema.metadata[_NEXT_ROWS])
+    for number, next_row in enumerate(next_rows):
+        yield reader.get_batch(number), index, next_row
