@@ -109,7 +109,9 @@ def test_the_peers_benchmark_runs_and_prints_every_path(tmp_path: Path) -> None:
     measured = [path for path, rate in paths.items() if rate[0].isdigit()]
     assert measured == [
         "`TableDataset` on Parquet, in process",
+        "`TableDataset` on Parquet with `decoded_cache_dir`, in process, 2nd+ pass",
         "`TableDataset` on Spiral, in process",
+        "`TableDataset` on Spiral with `decoded_cache_dir`, in process, 2nd+ pass",
         "pyarrow `ParquetFile.iter_batches` + `torch.from_numpy`, in process",
         "`TableDataset` on Parquet, `loader(num_workers=2)`, 2nd+ epoch",
         "`TableDataset` on Spiral, `loader(num_workers=2)`, 2nd+ epoch",
