@@ -88,6 +88,19 @@ def test_a_resume_inside_a_pass_read_from_the_cache_through_workers(
     assert sorted(ids) == list(range(ROWS))
 
 
+def test_an_entry_cut_short_on_its_disk_is_read_again_from_the_table(
+    make_table: Callable[..., TableSpec], tmp_path: Path
+) -> None:
+    folder = tmp_path / "decoded"
+    dataset = TableDataset(cached(make_table(SIZES), folder), batch_size=100)
+    list(dataset)
+    damaged = entries(folder)[0]
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
+    # Read again whole, the item was kept again.
+    assert len(entries(folder)) == len(dataset.work())
+
+
 def test_settings_that_read_other_rows_share_a_folder_without_mixing(
     make_table: Callable[..., TableSpec], tmp_path: Path
 ) -> None:

@@ -85,9 +85,10 @@ class DecodedCache:
         read of the source (a read sets up a scan), kept as it completes."""
         index = 0
         while index < len(items):
-            kept = self.cache.get(self.key(items[index]))
+            kept = self._kept(items[index])
             if kept is not None:
-                yield from _batches(kept, index)
+                for batch, next_row in kept:
+                    yield batch, index, next_row
                 index += 1
                 continue
             end = index + 1
@@ -95,6 +96,23 @@ class DecodedCache:
                 end += 1
             yield from self._read_keeping(items, index, end)
             index = end
+
+    def _kept(self, item: WorkItem) -> list[tuple[pa.RecordBatch, int]] | None:
+        """The batches kept for ``item`` with the stored row after each, or ``None``. An entry
+        that does not open as one (cut short on its disk) is dropped, and the item read again."""
+        key = self.key(item)
+        entry = self.cache.get(key)
+        if entry is None:
+            return None
+        try:
+            reader = pa.ipc.open_file(entry)
+            next_rows = json.loads(reader.schema.metadata[_NEXT_ROWS])
+            if len(next_rows) != reader.num_record_batches:
+                raise ValueError("an entry's stored rows do not match its batches")
+            return [(reader.get_batch(number), row) for number, row in enumerate(next_rows)]
+        except (KeyError, TypeError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            self.cache.drop(key)
+            return None
 
     def _read_keeping(self, items: Sequence[WorkItem], first: int, end: int) -> Iterator[ReadBatch]:
         """Items ``first..end`` read from the source; each one whose batches were all taken is kept."""
@@ -124,11 +142,3 @@ class DecodedCache:
             for batch, _ in batches:
                 writer.write_batch(batch)
         self.cache.put(self.key(item), sink.getvalue())
-
-
-def _batches(entry: pa.Buffer, index: int) -> Iterator[ReadBatch]:
-    """The read batches an entry kept, as item ``index`` of a read."""
-    reader = pa.ipc.open_file(entry)
-    next_rows = json.loads(reader.schema.metadata[_NEXT_ROWS])
-    for number, next_row in enumerate(next_rows):
-        yield reader.get_batch(number), index, next_row
