@@ -118,6 +118,18 @@ BENCHMARKS = [
         ],
     ),
     Benchmark(
+        "defaults",
+        ["--rows", "1000000", "--images", "1000", "--tokens", "5000000", "--samples", "2"],
+        [
+            Target(
+                "`loader()` (no worker setting) >= 0.9x the best worker count: plain columns, images, packed tokens",
+                r".",
+                "default / best",
+                0.9,
+            )
+        ],
+    ),
+    Benchmark(
         "parquet_read",
         ["--rows", "1000000", "--repeats", "2"],
         [Target("TableDataset on Parquet >= 0.9x raw pyarrow scan", r"^`TableDataset`$", "/ raw", 0.9)],

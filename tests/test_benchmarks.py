@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from spiral_lightning.datasets.loader import default_workers
 from tests.ranks import run_processes, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,3 +128,26 @@ def test_the_handoff_benchmark_runs_and_prints_every_batch_size(tmp_path: Path) 
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")][2:]
     assert [row[0] for row in rows] == ["| 256", "| 1,024", "| 4,096"]
     assert all(len(row) == 6 and row[-1].endswith("x |") for row in rows)
+
+
+def test_the_defaults_benchmark_runs_and_prints_every_workload(tmp_path: Path) -> None:
+    done = run_benchmark(
+        "defaults",
+        ["--rows", "20000", "--images", "24", "--tokens", "100000", "--samples", "1", "--sample-seconds", "0"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert [row[0].removeprefix("| ").split(" (")[0] for row in rows] == [
+        "plain columns",
+        "JPEGs to float32 3x64x64, batch 64",
+        "packed tokens, blocks of 2048, 8 a batch",
+    ]
+    # The default's resolved count: in process for plain columns and tokens, workers for images.
+    assert [row[1].split(":")[0] for row in rows] == [
+        "`num_workers=0`",
+        f"`num_workers={default_workers(True)}`",
+        "`num_workers=0`",
+    ]
+    assert all(len(row) == 6 and row[-1].endswith("x |") for row in rows)
+    assert "target the default >= 0.9x the best worker count on every workload" in done.stdout

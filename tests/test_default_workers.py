@@ -33,7 +33,7 @@ def doubled(batch: dict[str, Any]) -> dict[str, Any]:
 
 def processes() -> int:
     """The worker count a Python-heavy dataset gets on this machine."""
-    return max(1, min(MOST_WORKERS, len(os.sched_getaffinity(0)) - 1))
+    return max(1, min(MOST_WORKERS, len(os.sched_getaffinity(0))))
 
 
 def test_plain_columns_read_in_process_and_python_work_in_processes(make_table: Callable[..., TableSpec]) -> None:
