@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from spiral_lightning.datasets.stall import STALL_SHARE, STALL_STEPS, StallMeter, loader_settings, rows_of
 
@@ -50,14 +51,25 @@ class DataStallMeter(pl.Callback):
         now = time.perf_counter()
         self.meter.record(self._got - self._asked, now - self._asked, rows_of(batch))
         self._steps += 1
-        # A LightningModule.log call costs about a third of a millisecond; logging at the
-        # Trainer's cadence rather than every step keeps the meter out of the rate it measures.
         every: int = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning at run time
-        if trainer.is_last_batch or (every and self._steps % every == 0):
-            pl_module.log_dict(self.meter.metrics(), on_step=True, on_epoch=False)
+        written = bool(every) and self._steps % every == 0
+        if trainer.is_last_batch or written:
+            self._log(trainer, written)
         if self.meter.stalled:
             data = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning at run time
             source = data if hasattr(data, "read_threads") else trainer.train_dataloader
             warnings.warn(self.meter.advice(loader_settings(source), f"rank {trainer.global_rank}: "), stacklevel=2)
         # The next step's wait starts after this one's logging, which the loop would do anyway.
         self._asked = time.perf_counter()
+
+    def _log(self, trainer: pl.Trainer, written: bool) -> None:
+        """The means since the last call into ``trainer.callback_metrics``, and when ``written``
+        into the loggers at the step Lightning's own metrics take. Not ``LightningModule.log``: it
+        builds a metric object for each new key of an epoch (a millisecond or more each, measured
+        by benchmarks/lightning_overhead.py), which is what ``LearningRateMonitor`` avoids too."""
+        metrics = self.meter.metrics()
+        trainer.callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
+        if written:
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
