@@ -9,10 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from spiral_lightning import TableDataset, TableSpec
+from spiral_lightning import PackedDataset, TableDataset, TableSpec, WindowDataset, Windows, write_table
 from tests.loaders import stopped_and_resumed
 from tests.tables import KEEP_TEXT, kept_ids
 
@@ -48,6 +49,26 @@ def test_a_pass_from_the_cache_equals_a_pass_from_the_table(
     assert kept and len(kept) == len(dataset.work())
     assert filling == expected == batches_and_states(dataset)
     assert sorted(id for ids, _ in expected for id in ids) == (kept_ids(SIZES) if where else list(range(ROWS)))
+
+
+def test_every_kind_reads_the_cache_alike(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
+    # Every dataset kind reads through the same opened source: packed token blocks and windows too.
+    documents = [list(range(start, start + start % 37)) for start in range(0, 3_000, 7)]
+    corpus = write_table(f"spiral:{tmp_path / 'corpus'}", pa.table({"tokens": documents}), split_rows=100)
+    folder = tmp_path / "decoded"
+
+    def packed(table: TableSpec) -> list[list[int]]:
+        dataset = PackedDataset(table, column="tokens", length=64, batch_size=4)
+        return [batch["tokens"].flatten().tolist() for batch in dataset]
+
+    def windows(table: TableSpec) -> list[list[int]]:
+        dataset = WindowDataset(table, windows=Windows(16, stride=8), batch_size=4)
+        return [batch["id"].flatten().tolist() for batch in dataset]
+
+    for read, spec in ((packed, corpus), (windows, make_table(SIZES))):
+        expected = read(spec)
+        assert expected and read(cached(spec, folder)) == expected == read(cached(spec, folder))
+    assert entries(folder)
 
 
 def test_a_pass_from_the_cache_reads_nothing_of_the_table(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
