@@ -3,7 +3,9 @@ from the table, whatever stopped a pass before, and a folder shared by settings 
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -94,9 +96,15 @@ def test_a_pass_stopped_early_keeps_only_the_items_it_read_whole(
     for number, _ in enumerate(dataset, start=1):
         if number == 9:
             break
-    assert len(entries(folder)) == 1
+    # The item being written when the pass stopped left no file behind.
+    assert len(entries(folder)) == 1 and not list(folder.glob("*.partial"))
+    # A file a killed process left while writing is removed an hour after its last write.
+    left = folder / "killed.partial"
+    left.write_bytes(b"half an entry")
+    os.utime(left, (time.time() - 3700, time.time() - 3700))
     assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
     assert len(entries(folder)) == len(dataset.work())
+    assert not list(folder.glob("*.partial"))
 
 
 def test_a_resume_inside_a_pass_read_from_the_cache_through_workers(
@@ -143,6 +151,7 @@ def test_an_item_over_the_budget_is_read_from_the_table_every_pass(
     for _ in range(2):
         assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
         assert 0 < sum(path.stat().st_size for path in entries(folder)) <= 20_000
+        assert not list(folder.glob("*.partial"))
 
 
 def test_the_settings_are_checked_when_the_spec_is_made(tmp_path: Path) -> None:

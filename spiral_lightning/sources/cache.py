@@ -13,14 +13,18 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
 
 from spiral_lightning.core.checks import check_positive
 
-#: The suffix of a complete entry; temporary files being written have another.
+#: The suffix of a complete entry, and of a temporary file an entry is being written into.
 _SUFFIX = ".bytes"
+_PARTIAL = ".partial"
+#: Seconds after its last write that a temporary file is taken for one a killed process left.
+_STALE_SECONDS = 3600
 
 
 class ByteCache:
@@ -62,14 +66,28 @@ class ByteCache:
         """Keep ``data`` under ``key``, then drop the least recently used entries over the budget."""
         if len(data) > self.max_bytes:
             return
-        handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".partial")
+        path = self.temporary()
         try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-            os.replace(temporary, self.folder / f"{key}{_SUFFIX}")
+            path.write_bytes(memoryview(data))
         except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
+        self.keep(key, path)
+
+    def temporary(self) -> Path:
+        """A new empty file in the folder to write an entry into, which ``keep`` names; whoever
+        abandons it removes it (one left by a killed process is removed an hour after its last write)."""
+        handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=_PARTIAL)
+        os.close(handle)
+        return Path(temporary)
+
+    def keep(self, key: str, path: Path) -> None:
+        """Keep the written ``temporary()`` file ``path`` under ``key`` (removed instead when larger
+        than the budget), then drop the least recently used entries over the budget."""
+        if path.stat().st_size > self.max_bytes:
+            path.unlink()
+            return
+        os.replace(path, self.folder / f"{key}{_SUFFIX}")
         self._trim()
 
     def drop(self, key: str) -> None:
@@ -78,13 +96,17 @@ class ByteCache:
 
     def _trim(self) -> None:
         entries = []
+        stale = time.time_ns() - _STALE_SECONDS * 10**9
         for entry in os.scandir(self.folder):
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
             if entry.name.endswith(_SUFFIX):
-                try:
-                    stat = entry.stat()
-                except FileNotFoundError:
-                    continue
                 entries.append((stat.st_mtime_ns, stat.st_size, entry.path))
+            elif entry.name.endswith(_PARTIAL) and stat.st_mtime_ns < stale:
+                # Left by a process killed while writing it: every writer touches its file often.
+                Path(entry.path).unlink(missing_ok=True)
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:

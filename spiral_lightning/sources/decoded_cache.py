@@ -14,7 +14,6 @@ a job may share.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -25,8 +24,8 @@ from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.cache import ByteCache
 from spiral_lightning.sources.protocol import ReadBatch, Source, Take
 
-#: The schema metadata key of an entry's stored rows after each of its batches.
-_NEXT_ROWS = b"spiral_lightning.next_rows"
+#: The key of a kept batch's own metadata that holds the stored row after it.
+_NEXT_ROW = "next_row"
 
 
 class DecodedCache:
@@ -106,39 +105,74 @@ class DecodedCache:
             return None
         try:
             reader = pa.ipc.open_file(entry)
-            next_rows = json.loads(reader.schema.metadata[_NEXT_ROWS])
-            if len(next_rows) != reader.num_record_batches:
-                raise ValueError("an entry's stored rows do not match its batches")
-            return [(reader.get_batch(number), row) for number, row in enumerate(next_rows)]
+            kept = [reader.get_batch_with_custom_metadata(number) for number in range(reader.num_record_batches)]
+            return [(batch, int(metadata[_NEXT_ROW])) for batch, metadata in kept]
         except (KeyError, TypeError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
             self.cache.drop(key)
             return None
 
     def _read_keeping(self, items: Sequence[WorkItem], first: int, end: int) -> Iterator[ReadBatch]:
-        """Items ``first..end`` read from the source; each one whose batches were all taken is kept."""
-        held: list[tuple[pa.RecordBatch, int]] = []
-        held_bytes = 0
+        """Items ``first..end`` read from the source, each written into an entry as its batches
+        come and kept once they all came; the entry of an item whose read was left is removed."""
         current = first
-        for batch, offset, next_row in self.source.read(items[first:end]):
-            while first + offset > current:
-                self._keep(items[current], held, held_bytes)
-                held, held_bytes, current = [], 0, current + 1
-            yield batch, current, next_row
-            if held_bytes <= self.cache.max_bytes:
-                held.append((batch, next_row))
-                held_bytes += batch.nbytes
-        # The source's read ended: every item from ``current`` on has had all its batches.
-        for item in items[current:end]:
-            self._keep(item, held, held_bytes)
-            held, held_bytes = [], 0
+        entry: _Entry | None = None
+        try:
+            for batch, offset, next_row in self.source.read(items[first:end]):
+                while first + offset > current:
+                    self._keep(items[current], entry)
+                    entry, current = None, current + 1
+                yield batch, current, next_row
+                entry = entry or _Entry(self.cache, batch.schema)
+                entry.add(batch, next_row)
+            # The source's read ended: every item from ``current`` on has had all its batches.
+            for item in items[current:end]:
+                self._keep(item, entry)
+                entry = None
+        finally:
+            if entry is not None:
+                entry.abandon()
 
-    def _keep(self, item: WorkItem, batches: list[tuple[pa.RecordBatch, int]], nbytes: int) -> None:
-        if nbytes > self.cache.max_bytes:
+    def _keep(self, item: WorkItem, entry: _Entry | None) -> None:
+        """Keep ``entry`` as ``item``'s (an item without batches gets an entry without any)."""
+        entry = entry or _Entry(self.cache, self.source.schema)
+        if entry.close():
+            self.cache.keep(self.key(item), entry.path)
+
+
+class _Entry:
+    """One item's batches being written into a new file of ``cache``, up to its budget: an item
+    larger than the whole cache is abandoned at once, not written to the end."""
+
+    def __init__(self, cache: ByteCache, schema: pa.Schema) -> None:
+        self.path = cache.temporary()
+        self._room = cache.max_bytes
+        self._schema = schema
+        self._sink = pa.OSFile(str(self.path), "wb")
+        self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._sink, schema)
+
+    def add(self, batch: pa.RecordBatch, next_row: int) -> None:
+        """Write ``batch`` and the stored row after it, unless the entry was abandoned."""
+        if self._writer is None:
             return
-        shown = batches[0][0].schema if batches else self.source.schema
-        schema = shown.with_metadata({_NEXT_ROWS: json.dumps([row for _, row in batches]).encode()})
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, schema) as writer:
-            for batch, _ in batches:
-                writer.write_batch(batch)
-        self.cache.put(self.key(item), sink.getvalue())
+        self._room -= batch.nbytes
+        # A batch of another schema (a source may conform its batches late) is not kept either.
+        if self._room < 0 or not batch.schema.equals(self._schema):
+            self.abandon()
+            return
+        self._writer.write_batch(batch, custom_metadata={_NEXT_ROW: str(next_row)})
+
+    def close(self) -> bool:
+        """Finish the file; whether it holds the whole item (it was not abandoned)."""
+        if self._writer is None:
+            return False
+        self._writer.close()
+        self._sink.close()
+        self._writer = None
+        return True
+
+    def abandon(self) -> None:
+        """Stop writing and remove the file."""
+        if self._writer is not None:
+            self._writer = None
+            self._sink.close()
+        self.path.unlink(missing_ok=True)
