@@ -58,6 +58,17 @@ class ByteCache:
             return None
         return data
 
+    def open(self, key: str) -> pa.OSFile | None:
+        """The entry kept under ``key`` opened for reading in parts, or ``None``: what reads an
+        entry a piece at a time, so that no more of it than the piece is in memory at once."""
+        path = self.folder / f"{key}{_SUFFIX}"
+        try:
+            opened = pa.OSFile(str(path))
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        return opened
+
     def has(self, key: str) -> bool:
         """Whether an entry is kept under ``key`` now (it may be dropped at any time after)."""
         return (self.folder / f"{key}{_SUFFIX}").exists()

@@ -15,6 +15,7 @@ a job may share.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +23,13 @@ import pyarrow as pa
 from spiral_lightning.core.plan import Plan, WorkItem
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.sources.cache import ByteCache
+from spiral_lightning.sources.damage import damaged
 from spiral_lightning.sources.protocol import ReadBatch, Source, Take
 
 #: The key of a kept batch's own metadata that holds the stored row after it.
 _NEXT_ROW = "next_row"
+#: What a damaged entry's ``DamagedData`` says to do: the entry is dropped as it is raised.
+_RESTART = "the entry was dropped: resume from the last state, and the item is read from the table again"
 
 
 class DecodedCache:
@@ -43,6 +47,7 @@ class DecodedCache:
         # What the rows of an item depend on besides the item: the version and the read's settings.
         # A native filter has no stable text, so TableSpec accepts only filter text with this cache.
         self._read = (source.version, str(source.schema), spec.filter, spec.media, spec.on_error)
+        self._uri = spec.uri
 
     @property
     def version(self) -> str:
@@ -86,8 +91,7 @@ class DecodedCache:
         while index < len(items):
             kept = self._kept(items[index])
             if kept is not None:
-                for batch, next_row in kept:
-                    yield batch, index, next_row
+                yield from self._replay(kept, index)
                 index += 1
                 continue
             end = index + 1
@@ -96,20 +100,34 @@ class DecodedCache:
             yield from self._read_keeping(items, index, end)
             index = end
 
-    def _kept(self, item: WorkItem) -> list[tuple[pa.RecordBatch, int]] | None:
-        """The batches kept for ``item`` with the stored row after each, or ``None``. An entry
-        that does not open as one (cut short on its disk) is dropped, and the item read again."""
+    def _kept(self, item: WorkItem) -> _Kept | None:
+        """The entry kept for ``item``, opened, or ``None``. An entry that does not open as one (cut
+        short on its disk) is dropped, and the item is read from the source again."""
         key = self.key(item)
-        entry = self.cache.get(key)
-        if entry is None:
+        file = self.cache.open(key)
+        if file is None:
             return None
         try:
-            reader = pa.ipc.open_file(entry)
-            kept = [reader.get_batch_with_custom_metadata(number) for number in range(reader.num_record_batches)]
-            return [(batch, int(metadata[_NEXT_ROW])) for batch, metadata in kept]
-        except (KeyError, TypeError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            return _Kept(key, file, pa.ipc.open_file(file))
+        except ValueError:  # pyarrow's ArrowInvalid: no footer
+            file.close()
             self.cache.drop(key)
             return None
+
+    def _replay(self, kept: _Kept, index: int) -> Iterator[ReadBatch]:
+        """The batches of an opened entry, read one at a time, as item ``index`` of a read. One
+        that does not decode drops the entry (a restart reads the item from the source) and raises
+        ``DamagedData``: the batches before it were delivered already."""
+        with kept.file:
+            for number in range(kept.reader.num_record_batches):
+                try:
+                    batch, metadata = kept.reader.get_batch_with_custom_metadata(number)
+                    next_row = int(metadata[_NEXT_ROW])
+                except (KeyError, TypeError, ValueError) as error:
+                    self.cache.drop(kept.key)
+                    where = f"batch {number} of the decoded cache's entry {kept.key} in {str(self.cache.folder)!r}"
+                    raise damaged(self._uri, where, error, _RESTART) from error
+                yield batch, index, next_row
 
     def _read_keeping(self, items: Sequence[WorkItem], first: int, end: int) -> Iterator[ReadBatch]:
         """Items ``first..end`` read from the source, each written into an entry as its batches
@@ -137,6 +155,14 @@ class DecodedCache:
         entry = entry or _Entry(self.cache, self.source.schema)
         if entry.close():
             self.cache.keep(self.key(item), entry.path)
+
+
+class _Kept(NamedTuple):
+    """An entry opened for reading: its name, its file and the Arrow reader over it."""
+
+    key: str
+    file: pa.OSFile
+    reader: pa.ipc.RecordBatchFileReader
 
 
 class _Entry:
