@@ -64,6 +64,24 @@ def test_the_command_prints_every_setting_and_the_one_to_use(
     assert [line for line in lines if line.startswith("recommended: num_workers=")]
 
 
+def test_the_command_measures_each_setting_again_on_a_filled_decoded_cache(
+    table: TableSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "decoded"
+    main(["bench", table.uri, "--seconds", "0.2", "--workers", "0", "--decoded-cache", str(folder)])
+    out = capsys.readouterr().out
+    assert ": 2 settings," in out
+    # One pass kept every row group: 4 entries of 500 rows, each about its tensors' bytes.
+    assert len(list(folder.glob("*.bytes"))) == 4
+    assert f"MB in {folder}" in out.splitlines()[1]
+    rows = [line.split() for line in out.splitlines() if line.startswith("num_workers=")]
+    assert [row[:3] for row in rows] == [
+        ["num_workers=0", "read_threads=auto", rows[0][2]],
+        ["num_workers=0", "read_threads=auto", "decoded_cache"],
+    ]
+    assert not rows[0][2].startswith("decoded")
+
+
 def recorded(workers: int, rows_per_s: float, batch_bytes: int = 1 << 22) -> Measured:
     """What a setting of ``workers`` would report after reading at ``rows_per_s`` for one second
     in batches of 1,000 rows of ``batch_bytes``."""

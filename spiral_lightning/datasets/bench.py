@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,14 +36,16 @@ SMALL_BATCH = 1_000_000
 @dataclass(frozen=True)
 class Setting:
     """One way of reading: ``workers`` DataLoader workers and ``read_threads`` reading threads in
-    each process that reads (``None``: the process's share of the cores, see ``TableDataset``)."""
+    each process that reads (``None``: the process's share of the cores, see ``TableDataset``),
+    reading the table or, with ``decoded``, the spec's decoded cache (filled beforehand)."""
 
     workers: int
     read_threads: int | None = None
+    decoded: bool = False
 
     def __str__(self) -> str:
         threads = "auto" if self.read_threads is None else self.read_threads
-        return f"num_workers={self.workers} read_threads={threads}"
+        return f"num_workers={self.workers} read_threads={threads}" + (" decoded_cache" if self.decoded else "")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,17 @@ def measure(
                 return Measured(setting, rows, size, batches, spent)
         if not passed:
             raise ValueError(f"{spec.uri} has no rows to read" + ("" if spec.filter is None else " under its filter"))
+
+
+def fill(spec: TableSpec, batch_size: int) -> tuple[float, int]:
+    """Read ``spec`` once in process so that its decoded cache holds every work item of that
+    pass; the seconds it took and the bytes the cache's folder holds after it."""
+    assert spec.decoded_cache_dir is not None, "fill is for a spec with a decoded cache"
+    began = time.perf_counter()
+    for _ in TableDataset(spec, batch_size=batch_size, read_threads=None).loader(num_workers=0):
+        pass
+    held = sum(path.stat().st_size for path in Path(spec.decoded_cache_dir).glob("*.bytes"))
+    return time.perf_counter() - began, held
 
 
 def tensor_bytes(batch: Any) -> int:

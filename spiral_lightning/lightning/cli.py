@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +140,7 @@ def bench(argv: Sequence[str]) -> None:
     refusal (no such table, an unknown column, a filter that does not parse) is one line on stderr
     and exit status 1."""
     # Imported here, as Lightning is in main: each command loads what it runs.
-    from spiral_lightning.datasets.bench import MOST_WORKERS, Setting, default_workers, measure, report
+    from spiral_lightning.datasets.bench import MOST_WORKERS, Setting, default_workers, fill, measure, report
     from spiral_lightning.datasets.table import TableDataset
 
     parser = argparse.ArgumentParser(
@@ -180,6 +182,12 @@ def bench(argv: Sequence[str]) -> None:
         "(default: auto)",
     )
     parser.add_argument(
+        "--decoded-cache",
+        metavar="FOLDER",
+        help="also measure each setting reading a decoded cache in this local folder (decoded_cache_dir), filled by "
+        "one pass first, with the folder's free space as its budget: the rate of every epoch after the first",
+    )
+    parser.add_argument(
         "--storage-option",
         type=_option,
         action="append",
@@ -198,14 +206,25 @@ def bench(argv: Sequence[str]) -> None:
         # setting reads the version pinned here.
         spec = TableDataset(table).spec
         selected = "all columns" if spec.columns is None else "columns " + ",".join(spec.columns)
+        count = len(settings) * (1 if args.decoded_cache is None else 2)
         print(
             f"reading {spec.uri} (version {spec.version}), {selected}"
             + ("" if spec.filter is None else f", filter {spec.filter!r}")
-            + f", batch_size={args.batch_size}: {len(settings)} setting{'s' if len(settings) > 1 else ''}, "
+            + f", batch_size={args.batch_size}: {count} setting{'s' if count > 1 else ''}, "
             f"{args.seconds:g} s each after start-up",
             flush=True,
         )
         results = [measure(spec, setting, batch_size=args.batch_size, seconds=args.seconds) for setting in settings]
+        if args.decoded_cache is not None:
+            Path(args.decoded_cache).mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(args.decoded_cache).free
+            cached = replace(spec, decoded_cache_dir=args.decoded_cache, decoded_cache_bytes=max(1, free))
+            seconds, held = fill(cached, args.batch_size)
+            print(f"decoded cache filled in {seconds:.1f} s: {held / 1e6:,.1f} MB in {args.decoded_cache}", flush=True)
+            results += [
+                measure(cached, replace(setting, decoded=True), batch_size=args.batch_size, seconds=args.seconds)
+                for setting in settings
+            ]
     except (OSError, ValueError) as error:
         message = " ".join([str(error), *getattr(error, "__notes__", ())])
         parser.exit(1, f"{parser.prog}: error: {message}\n")
