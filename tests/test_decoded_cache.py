@@ -15,9 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from spiral_lightning import PackedDataset, TableDataset, TableSpec, WindowDataset, Windows, write_table
+from spiral_lightning import Image, PackedDataset, TableDataset, TableSpec, WindowDataset, Windows, write_table
 from tests.loaders import stopped_and_resumed
 from tests.tables import KEEP_TEXT, kept_ids
+from tests.test_media_pixels import ROWS as PICTURES
+from tests.test_media_pixels import picture, pixel_table, with_media
 
 SIZES = [700, 0, 1300, 500, 900]
 ROWS = sum(SIZES)
@@ -71,6 +73,22 @@ def test_every_kind_reads_the_cache_alike(make_table: Callable[..., TableSpec], 
         expected = read(spec)
         assert expected and read(cached(spec, folder)) == expected == read(cached(spec, folder))
     assert entries(folder)
+
+
+@pytest.mark.parametrize(
+    "image", [Image("img", size=(8, 6)), Image("img", layout="HWC", dtype="uint8", normalize=None)]
+)
+def test_pixels_the_scan_decodes_come_back_from_the_cache_alike(tmp_path: Path, image: Image) -> None:
+    # Spiral's decoded pixels are an extension type the scan turns into tensors: the cache keeps
+    # the scan's batches, resized and ragged alike.
+    spec = with_media(pixel_table(tmp_path / "pixels", [picture(row) for row in range(PICTURES)]), image)
+
+    def pixels(table: TableSpec) -> list[list[Any]]:
+        images = [batch["img"] for batch in TableDataset(table, batch_size=5)]
+        return [[(part.dtype, part.tolist()) for part in batch] for batch in images]
+
+    expected = pixels(spec)
+    assert pixels(cached(spec, tmp_path / "decoded")) == expected == pixels(cached(spec, tmp_path / "decoded"))
 
 
 def test_a_pass_from_the_cache_reads_nothing_of_the_table(make_table: Callable[..., TableSpec], tmp_path: Path) -> None:
