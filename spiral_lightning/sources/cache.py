@@ -25,6 +25,8 @@ _SUFFIX = ".bytes"
 _PARTIAL = ".partial"
 #: Seconds after its last write that a temporary file is taken for one a killed process left.
 _STALE_SECONDS = 3600
+#: Entries an instance keeps at most between two looks at the whole folder (see ``keep``).
+_LOOK_EVERY = 64
 
 
 class ByteCache:
@@ -35,6 +37,10 @@ class ByteCache:
         check_positive("a cache's byte budget", max_bytes)
         self.folder = Path(folder)
         self.max_bytes = max_bytes
+        # The folder's bytes when this instance last looked, plus what it kept since; and how many
+        # entries it kept since. None: not looked yet.
+        self._held: int | None = None
+        self._kept_since = 0
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -94,12 +100,23 @@ class ByteCache:
 
     def keep(self, key: str, path: Path) -> None:
         """Keep the written ``temporary()`` file ``path`` under ``key`` (removed instead when larger
-        than the budget), then drop the least recently used entries over the budget."""
-        if path.stat().st_size > self.max_bytes:
+        than the budget), then drop the least recently used entries over the budget.
+
+        The folder is looked at whole (a directory scan) only when what this instance knows of it
+        passes the budget, or after ``_LOOK_EVERY`` entries kept without a look: a scan at every
+        entry made filling a folder of n entries cost n^2 file stats. What other processes keep
+        between two looks is seen at the next, so a shared folder may pass its budget by up to
+        that many entries of each process for a while."""
+        size = path.stat().st_size
+        if size > self.max_bytes:
             path.unlink()
             return
         os.replace(path, self.folder / f"{key}{_SUFFIX}")
-        self._trim()
+        self._kept_since += 1
+        if self._held is not None:
+            self._held += size
+        if self._held is None or self._held > self.max_bytes or self._kept_since >= _LOOK_EVERY:
+            self._trim()
 
     def drop(self, key: str) -> None:
         """Forget the entry under ``key`` (bytes that did not decode), so the next read fetches again."""
@@ -121,6 +138,7 @@ class ByteCache:
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:
-                return
+                break
             Path(path).unlink(missing_ok=True)
             total -= size
+        self._held, self._kept_since = total, 0
