@@ -144,7 +144,7 @@ def test_the_defaults_benchmark_runs_and_prints_every_workload(tmp_path: Path) -
         "packed tokens, blocks of 2048, 8 a batch",
     ]
     # The default's resolved count: in process for plain columns and tokens, workers for images.
-    assert [row[1].split(":")[0] for row in rows] == [
+    assert [row[1] for row in rows] == [
         "`num_workers=0`",
         f"`num_workers={default_workers(True)}`",
         "`num_workers=0`",
