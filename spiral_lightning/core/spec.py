@@ -112,16 +112,8 @@ class TableSpec:
                 f"storage_options and cache_dir apply to Parquet tables, not {masked(self.uri)!r}: Spiral reaches its "
                 "stores through spiral-sdk's own configuration, and SDS snapshots are local folders"
             )
-        if (self.cache_dir is None) != (self.cache_bytes is None):
-            raise ValueError("cache_dir and cache_bytes go together: a cache folder and its budget in bytes")
-        if self.cache_bytes is not None:
-            check_positive("cache_bytes", self.cache_bytes)
-        if (self.decoded_cache_dir is None) != (self.decoded_cache_bytes is None):
-            raise ValueError(
-                "decoded_cache_dir and decoded_cache_bytes go together: a cache folder and its budget in bytes"
-            )
-        if self.decoded_cache_bytes is not None:
-            check_positive("decoded_cache_bytes", self.decoded_cache_bytes)
+        _check_cache("cache_dir", self.cache_dir, "cache_bytes", self.cache_bytes)
+        _check_cache("decoded_cache_dir", self.decoded_cache_dir, "decoded_cache_bytes", self.decoded_cache_bytes)
         if self.decoded_cache_dir is not None and not isinstance(self.filter, str | None):
             raise ValueError(
                 f"decoded_cache_dir needs the filter as text (the filter language), not {type(self.filter).__name__}: "
@@ -187,6 +179,14 @@ class TableSpec:
         """The exact version a resolved spec names; ``ValueError`` for an unresolved one."""
         with masking(self.uri):
             return backend(self.uri).version(self)
+
+
+def _check_cache(folder_name: str, folder: str | None, budget_name: str, budget: int | None) -> None:
+    """``ValueError`` unless a cache's folder and byte budget are given together, the budget positive."""
+    if (folder is None) != (budget is None):
+        raise ValueError(f"{folder_name} and {budget_name} go together: a cache folder and its budget in bytes")
+    if budget is not None:
+        check_positive(budget_name, budget)
 
 
 def as_spec(table: TableSpec | str, storage_options: Mapping[str, Any] | None = None) -> TableSpec:

@@ -121,7 +121,7 @@ def fill(spec: TableSpec, batch_size: int) -> tuple[float, int]:
     pass; the seconds it took and the bytes the cache's folder holds after it."""
     assert spec.decoded_cache_dir is not None, "fill is for a spec with a decoded cache"
     began = time.perf_counter()
-    for _ in TableDataset(spec, batch_size=batch_size, read_threads=None).loader(num_workers=0):
+    for _ in TableDataset(spec, batch_size=batch_size):
         pass
     held = sum(path.stat().st_size for path in Path(spec.decoded_cache_dir).glob("*.bytes"))
     return time.perf_counter() - began, held
