@@ -119,7 +119,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "defaults",
-        ["--rows", "1000000", "--images", "1000", "--tokens", "5000000", "--samples", "3"],
+        ["--rows", "1000000", "--images", "1000", "--tokens", "5000000", "--samples", "5"],
         [
             Target(
                 "`loader()` (no worker setting) >= 0.9x the best worker count: plain columns, images, packed tokens",
