@@ -4,10 +4,13 @@ dataset read in the main process, by batch size.
 Run ``.venv/bin/python benchmarks/handoff.py`` (``--rows 500000`` for a quick look). The table is
 the throughput benchmark's (``id`` int64, ``x`` float32, ``v`` float32[16], 20 Spiral splits).
 
-For each batch size: the in-process rate is the best of ``--repeats`` passes of ``TableDataset``
-iterated directly; each loader row is ``dataset.loader(num_workers=N)`` (persistent workers), its
-first pass untimed (it starts the workers), then the best of ``--repeats`` passes after it. Every
-pass's batches are checked to hold tensors of the batch's rows and the pass to hold every row.
+For each batch size: the in-process rate is ``TableDataset`` iterated directly; each loader row is
+``dataset.loader(num_workers=N)`` (persistent workers). Every setting's first pass is untimed (it
+opens the table and starts the workers); then the settings take ``--repeats`` turns, a pass each,
+and a setting's rate is the median of its passes: taking turns puts load from elsewhere on all of
+them alike, and the median does not favour the setting whose passes spread wider, as the best
+pass does (worker passes spread wider on 2 cores). Every pass's batches are checked to hold
+tensors of the batch's rows and the pass to hold every row.
 *2 workers / in process* is issue 27's measure of what a batch pays to cross from a worker to
 the trainer (targets: >= 0.9x at 1024 and 4096 rows, >= 0.6x at 256); *best workers / in process*
 takes the better of the two worker counts.
@@ -16,6 +19,7 @@ takes the better of the two worker counts.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -27,11 +31,6 @@ from spiral_lightning import TableDataset, TableSpec
 
 BATCH_SIZES = (256, 1024, 4096)
 WORKERS = (1, 2)
-
-
-def best_rate(passes: list[float], rows: int) -> float:
-    """Rows per second of the fastest of ``passes`` (seconds each) over ``rows`` rows."""
-    return rows / min(passes)
 
 
 def timed_pass(batches: object, rows: int) -> float:
@@ -46,26 +45,29 @@ def timed_pass(batches: object, rows: int) -> float:
 
 def measure(spec: TableSpec, rows: int, batch_size: int, repeats: int) -> list[float]:
     """The in-process rate, then the rate through each of ``WORKERS``, for one batch size."""
-    dataset = TableDataset(spec, batch_size=batch_size)
-    rates = [best_rate([timed_pass(dataset, rows) for _ in range(repeats)], rows)]
-    for workers in WORKERS:
-        loader = TableDataset(spec, batch_size=batch_size).loader(num_workers=workers)
-        timed_pass(loader, rows)
-        rates.append(best_rate([timed_pass(loader, rows) for _ in range(repeats)], rows))
-        del loader
-    return rates
+    settings: list[object] = [
+        TableDataset(spec, batch_size=batch_size),
+        *(TableDataset(spec, batch_size=batch_size).loader(num_workers=workers) for workers in WORKERS),
+    ]
+    passes: list[list[float]] = [[] for _ in settings]
+    for index in range(len(settings)):
+        timed_pass(settings[index], rows)
+    for turn in range(repeats):
+        for index in [*range(turn % len(settings), len(settings)), *range(turn % len(settings))]:
+            passes[index].append(timed_pass(settings[index], rows))
+    return [rows / statistics.median(seconds) for seconds in passes]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows in the table (default 2,000,000)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed passes per path (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes a setting (default 5)")
     parser.add_argument("--root", type=Path, help="folder that keeps the table between runs (default: a temp folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         spec = benchmark_table(args.root or Path(temporary), args.rows)
         print(f"{args.rows:,} rows (id int64, x float32, v float32[16]), 20 Spiral splits; persistent workers,")
-        print(f"first pass untimed; best of {args.repeats} passes each\n")
+        print(f"first pass untimed; the median of {args.repeats} passes each, the settings taking turns\n")
         header = [
             "batch rows",
             "in process",
