@@ -14,6 +14,7 @@ import pytest
 from spiral_lightning import TableSpec, write_table
 from spiral_lightning.datasets.bench import SLOW_MB_PER_S, Measured, Setting, measure, recommended, report
 from spiral_lightning.lightning.cli import main
+from spiral_lightning.sources.cache import kept_entries
 
 #: Rows of the test table, and the bytes of one row's tensors: id int64, x float32, emb float32[16].
 ROWS = 2_000
@@ -72,7 +73,7 @@ def test_the_command_measures_each_setting_again_on_a_filled_decoded_cache(
     out = capsys.readouterr().out
     assert ": 2 settings," in out
     # One pass kept every row group: 4 entries of 500 rows, each about its tensors' bytes.
-    assert len(list(folder.glob("*.bytes"))) == 4
+    assert len(kept_entries(folder)) == 4
     assert f"MB in {folder}" in out.splitlines()[1]
     rows = [line.split() for line in out.splitlines() if line.startswith("num_workers=")]
     assert [row[:3] for row in rows] == [

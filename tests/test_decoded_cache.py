@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from spiral_lightning import Image, PackedDataset, TableDataset, TableSpec, WindowDataset, Windows, write_table
+from spiral_lightning.sources.cache import kept_entries
 from tests.loaders import stopped_and_resumed
 from tests.tables import KEEP_TEXT, kept_ids
 from tests.test_media_pixels import ROWS as PICTURES
@@ -34,10 +35,6 @@ def batches_and_states(dataset: TableDataset) -> list[tuple[list[int], dict[str,
     return [(batch["id"].tolist(), dataset.state_dict()) for batch in dataset]
 
 
-def entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.bytes"))
-
-
 @pytest.mark.parametrize("backend", ["spiral", "parquet"])
 @pytest.mark.parametrize("where", [None, KEEP_TEXT])
 def test_a_pass_from_the_cache_equals_a_pass_from_the_table(
@@ -48,7 +45,7 @@ def test_a_pass_from_the_cache_equals_a_pass_from_the_table(
     folder = tmp_path / "decoded"
     dataset = TableDataset(cached(spec, folder), batch_size=256, shuffle=True, seed=3)
     filling = batches_and_states(dataset)
-    kept = entries(folder)
+    kept = kept_entries(folder)
     # Every work item read whole was kept: the shuffle's blocks of the non-empty splits.
     assert kept and len(kept) == len(dataset.work())
     assert filling == expected == batches_and_states(dataset)
@@ -72,7 +69,7 @@ def test_every_kind_reads_the_cache_alike(make_table: Callable[..., TableSpec], 
     for read, spec in ((packed, corpus), (windows, make_table(SIZES))):
         expected = read(spec)
         assert expected and read(cached(spec, folder)) == expected == read(cached(spec, folder))
-    assert entries(folder)
+    assert kept_entries(folder)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +112,7 @@ def test_a_pass_stopped_early_keeps_only_the_items_it_read_whole(
         if number == 9:
             break
     # The item being written when the pass stopped left no file behind.
-    assert len(entries(folder)) == 1 and not list(folder.glob("*.partial"))
+    assert len(kept_entries(folder)) == 1 and not list(folder.glob("*.partial"))
     # A file a killed process left while writing is removed an hour after its last write, when
     # another process (here, another dataset's source) first keeps an entry.
     left = folder / "killed.partial"
@@ -123,7 +120,7 @@ def test_a_pass_stopped_early_keeps_only_the_items_it_read_whole(
     os.utime(left, (time.time() - 3700, time.time() - 3700))
     dataset = TableDataset(dataset.spec, batch_size=100, read_ahead=0)
     assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
-    assert len(entries(folder)) == len(dataset.work())
+    assert len(kept_entries(folder)) == len(dataset.work())
     assert not list(folder.glob("*.partial"))
 
 
@@ -143,11 +140,11 @@ def test_an_entry_cut_short_on_its_disk_is_read_again_from_the_table(
     folder = tmp_path / "decoded"
     dataset = TableDataset(cached(make_table(SIZES), folder), batch_size=100)
     list(dataset)
-    damaged = entries(folder)[0]
+    damaged = kept_entries(folder)[0]
     damaged.write_bytes(damaged.read_bytes()[:-100])
     assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
     # Read again whole, the item was kept again.
-    assert len(entries(folder)) == len(dataset.work())
+    assert len(kept_entries(folder)) == len(dataset.work())
 
 
 def test_settings_that_read_other_rows_share_a_folder_without_mixing(
@@ -170,7 +167,7 @@ def test_an_item_over_the_budget_is_read_from_the_table_every_pass(
     dataset = TableDataset(cached(make_table(SIZES), folder, budget=20_000), batch_size=100)
     for _ in range(2):
         assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
-        assert 0 < sum(path.stat().st_size for path in entries(folder)) <= 20_000
+        assert 0 < sum(path.stat().st_size for path in kept_entries(folder)) <= 20_000
         assert not list(folder.glob("*.partial"))
 
 

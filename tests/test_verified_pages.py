@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spiral_lightning import TableDataset, TableMapDataset, TableSpec, write_table
+from spiral_lightning.sources.cache import kept_entries
 from spiral_lightning.sources.damage import DamagedData
 from spiral_lightning.sources.retry import StoreUnavailable
 from tests.objectstore import FaultProxy, S3Server
@@ -195,13 +196,13 @@ def test_damaged_bytes_in_the_cache_are_dropped_and_fetched_again(s3_server: S3S
             read_all(cached)
         assert read_all(cached) == list(range(ROWS))
         # Damaged on the cache's disk: says so, then the next pass fetches that row group from the store again.
-        entries = sorted(glob.glob(str(folder / "*.bytes")))
+        entries = kept_entries(folder)
         assert len(entries) == ROWS // GROUP_ROWS
         size = os.path.getsize(entries[3])
         damage(entries[3], (size // 2, size // 2 + 1))
         with pytest.raises(DamagedData, match=r"CRC.*the bytes came from the cache '.*', whose copy is now dropped"):
             read_all(cached)
-        assert len(glob.glob(str(folder / "*.bytes"))) == ROWS // GROUP_ROWS - 1
+        assert len(kept_entries(folder)) == ROWS // GROUP_ROWS - 1
         fetched = proxy.requests["GET"]
         assert read_all(cached) == list(range(ROWS))
         assert proxy.requests["GET"] == fetched + 1

@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from spiral_lightning.core.spec import TableSpec
 from spiral_lightning.datasets.stall import rows_of
 from spiral_lightning.datasets.table import TableDataset
+from spiral_lightning.sources.cache import kept_entries
 
 #: The most workers tried when none are given (``--workers`` tries others): each is a process
 #: with its own memory and its own opened table.
@@ -123,7 +123,7 @@ def fill(spec: TableSpec, batch_size: int) -> tuple[float, int]:
     began = time.perf_counter()
     for _ in TableDataset(spec, batch_size=batch_size):
         pass
-    held = sum(path.stat().st_size for path in Path(spec.decoded_cache_dir).glob("*.bytes"))
+    held = sum(path.stat().st_size for path in kept_entries(spec.decoded_cache_dir))
     return time.perf_counter() - began, held
 
 

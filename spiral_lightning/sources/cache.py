@@ -29,6 +29,12 @@ _STALE_SECONDS = 3600
 _LOOK_EVERY = 64
 
 
+def kept_entries(folder: str | os.PathLike[str]) -> list[Path]:
+    """The complete entries a ``ByteCache`` keeps in ``folder`` now, sorted by name (temporary
+    files being written are not among them)."""
+    return sorted(Path(folder).glob(f"*{_SUFFIX}"))
+
+
 class ByteCache:
     """Entries in ``folder``, at most ``max_bytes`` of them together (an entry larger than the
     budget is never kept). Reading an entry marks it recently used."""
