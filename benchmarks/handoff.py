@@ -50,8 +50,8 @@ def measure(spec: TableSpec, rows: int, batch_size: int, repeats: int) -> list[f
         *(TableDataset(spec, batch_size=batch_size).loader(num_workers=workers) for workers in WORKERS),
     ]
     passes: list[list[float]] = [[] for _ in settings]
-    for index in range(len(settings)):
-        timed_pass(settings[index], rows)
+    for setting in settings:
+        timed_pass(setting, rows)
     for turn in range(repeats):
         for index in [*range(turn % len(settings), len(settings)), *range(turn % len(settings))]:
             passes[index].append(timed_pass(settings[index], rows))
