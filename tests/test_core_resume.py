@@ -3,6 +3,7 @@ batch sizes and stop points, checked by row ids; and through a real StatefulData
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -186,10 +187,13 @@ def test_stateful_dataloader_resumes_exactly(
     sizes = [9000, 300, 0, 12000, 4500, 7000]
     spec = make_table(sizes, seed=11, backend=backend, columns=["id", "x"], filter=KEEP_TEXT)
 
+    made = itertools.count()
+
     def loader() -> StatefulDataLoader:
-        # One case starts its workers by spawn (a fresh interpreter each, seconds of imports); the
-        # rest fork them from the preloaded forkserver, which starts them in milliseconds.
-        spawned = (workers, stop, backend) == (1, 7, "spiral")
+        # In one case the resumed loader (the third made) starts its worker by spawn, a fresh
+        # interpreter (seconds of imports), from a state saved under a forkserver worker; the rest
+        # fork theirs from the preloaded forkserver, which starts them in milliseconds.
+        spawned = next(made) == 2 and (workers, stop, backend) == (1, 7, "spiral")
         context = None if not workers else "spawn" if spawned else "forkserver"
         dataset = TableDataset(spec, batch_size=500)
         return StatefulDataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
