@@ -57,7 +57,8 @@ def with_media(spec: TableSpec, image: Image, **options: object) -> TableSpec:
 def test_resized_pixels_arrive_stacked_from_worker_processes(pixels: TableSpec) -> None:
     image = Image("img", size=(4, 6), layout="CHW", dtype="float32", normalize="unit")
     dataset = TableDataset(with_media(pixels, image, filter="id > 0"), batch_size=5)
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    # Forked from the preloaded forkserver; spawned workers decode media in test_media_dataset.py.
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
     batches = list(loader)
     rows = [row for batch in batches for row in batch["id"].tolist()]
     assert sorted(rows) == list(range(1, ROWS))
