@@ -61,29 +61,31 @@ class ByteCache:
         """The bytes kept under ``key`` read into this process's memory, or ``None``. Not mapped:
         tensors made over a mapped file's pages would be read-only, and a write into one (an
         in-place transform) would crash the process."""
-        path = self.folder / f"{key}{_SUFFIX}"
-        try:
-            with pa.OSFile(str(path)) as file:
-                data: pa.Buffer = file.read_buffer()
-            os.utime(path)
-        except FileNotFoundError:
+        file = self.open(key)
+        if file is None:
             return None
+        with file:
+            data: pa.Buffer = file.read_buffer()
         return data
 
     def open(self, key: str) -> pa.OSFile | None:
         """The entry kept under ``key`` opened for reading in parts, or ``None``: what reads an
         entry a piece at a time, so that no more of it than the piece is in memory at once."""
-        path = self.folder / f"{key}{_SUFFIX}"
+        path = self._path(key)
         try:
             opened = pa.OSFile(str(path))
-            os.utime(path)
         except FileNotFoundError:
+            return None
+        try:
+            os.utime(path)
+        except FileNotFoundError:  # dropped since it was opened: as if it had not been there
+            opened.close()
             return None
         return opened
 
     def has(self, key: str) -> bool:
         """Whether an entry is kept under ``key`` now (it may be dropped at any time after)."""
-        return (self.folder / f"{key}{_SUFFIX}").exists()
+        return self._path(key).exists()
 
     def put(self, key: str, data: bytes | pa.Buffer) -> None:
         """Keep ``data`` under ``key``, then drop the least recently used entries over the budget."""
@@ -117,7 +119,7 @@ class ByteCache:
         if size > self.max_bytes:
             path.unlink()
             return
-        os.replace(path, self.folder / f"{key}{_SUFFIX}")
+        os.replace(path, self._path(key))
         self._kept_since += 1
         if self._held is not None:
             self._held += size
@@ -126,7 +128,11 @@ class ByteCache:
 
     def drop(self, key: str) -> None:
         """Forget the entry under ``key`` (bytes that did not decode), so the next read fetches again."""
-        (self.folder / f"{key}{_SUFFIX}").unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)
+
+    def _path(self, key: str) -> Path:
+        """Where the entry under ``key`` is kept."""
+        return self.folder / f"{key}{_SUFFIX}"
 
     def _trim(self) -> None:
         entries = []
