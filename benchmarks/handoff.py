@@ -52,8 +52,9 @@ def measure(spec: TableSpec, rows: int, batch_size: int, repeats: int) -> list[f
     passes: list[list[float]] = [[] for _ in settings]
     for setting in settings:
         timed_pass(setting, rows)
+    indices = list(range(len(settings)))
     for turn in range(repeats):
-        for index in [*range(turn % len(settings), len(settings)), *range(turn % len(settings))]:
+        for index in indices[turn % len(indices) :] + indices[: turn % len(indices)]:
             passes[index].append(timed_pass(settings[index], rows))
     return [rows / statistics.median(seconds) for seconds in passes]
 
