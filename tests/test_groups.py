@@ -23,7 +23,7 @@ def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
 ) -> None:
     spec = make_table([100])
     assert group_size(TableDataset(spec, batch_size=10)) == MOST_GROUPED
-    assert group_size(TableDataset(spec, batch_size=1024)) == GROUP_ROWS // 1024 == 16
+    assert group_size(TableDataset(spec, batch_size=1024)) == GROUP_ROWS // 1024 == 64
     assert group_size(TableDataset(spec, batch_size=GROUP_ROWS)) == 1
     assert group_size(TableDataset(spec)) == 1  # each read batch is a batch: no size to group by
     # Packed blocks travel in groups too, batch by batch: each batch is blocks, not one frame's rows.
@@ -44,10 +44,12 @@ def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
 def test_a_state_saved_inside_a_group_resumes_in_the_uninterrupted_order(
     make_table: Callable[..., TableSpec], stop: int
 ) -> None:
-    # Each of the 2 workers reads 133 batches of 10 rows: two full groups, then one of 5.
-    spec = make_table([665] * 4)
+    # Each of the 2 workers reads two splits of batches of 10 rows: two full groups, then one of 5.
+    split = (2 * MOST_GROUPED + 5) * 10 // 2
+    spec = make_table([split] * 4)
+    assert group_size(TableDataset(spec, batch_size=10)) == MOST_GROUPED
     whole = [batch["id"].tolist() for batch in TableDataset(spec, batch_size=10).loader(num_workers=2)]
-    assert sorted(row for batch in whole for row in batch) == list(range(2660))
+    assert sorted(row for batch in whole for row in batch) == list(range(4 * split))
     loader = TableDataset(spec, batch_size=10).loader(num_workers=2)
     batches = iter(loader)
     before = [next(batches)["id"].tolist() for _ in range(stop)]
