@@ -41,7 +41,7 @@ from typing import Any
 
 from media import PRELOAD, make_images
 from packing import documents
-from throughput import benchmark_table
+from throughput import benchmark_table, in_turns
 
 from spiral_lightning import Image, PackedDataset, TableDataset, TableSpec, write_table
 from spiral_lightning.media.ingest import ingest_images
@@ -82,7 +82,7 @@ def rates(loaders: dict[int, Any], workload: Workload, samples: int, sample_seco
     names = list(loaders)
     sampled: dict[int, list[float]] = {name: [] for name in names}
     for sample in range(samples + 1):
-        for name in names[sample % len(names) :] + names[: sample % len(names)]:
+        for name in in_turns(names, sample):
             spent = seen = 0.0
             while True:
                 seconds, units = timed(loaders[name], workload.count)

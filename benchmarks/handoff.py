@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from throughput import benchmark_table, consume
+from throughput import benchmark_table, consume, in_turns
 
 from spiral_lightning import TableDataset, TableSpec
 
@@ -54,7 +54,7 @@ def measure(spec: TableSpec, rows: int, batch_size: int, repeats: int) -> list[f
         timed_pass(setting, rows)
     indices = list(range(len(settings)))
     for turn in range(repeats):
-        for index in indices[turn % len(indices) :] + indices[: turn % len(indices)]:
+        for index in in_turns(indices, turn):
             passes[index].append(timed_pass(settings[index], rows))
     return [rows / statistics.median(seconds) for seconds in passes]
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from throughput import in_turns
 
 from spiral_lightning import SpiralDataModule
 from spiral_lightning.datasets.consumer import DEFAULT_READ_AHEAD
@@ -137,7 +138,7 @@ def main() -> None:
     best: dict[tuple[str, int], tuple[int, float]] = {}
     for workers in args.workers:
         for round_number in range(args.repeats):
-            order = list(paths)[round_number % 2 :] + list(paths)[: round_number % 2]
+            order = in_turns(list(paths), round_number)
             for name in order:
                 rows, seconds = paths[name](uri, workers, args.batch_size, args.read_ahead)
                 if (name, workers) not in best or seconds < best[name, workers][1]:

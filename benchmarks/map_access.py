@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from throughput import table_data
+from throughput import in_turns, table_data
 
 from spiral_lightning import TableMapDataset, TableSpec, write_table
 from spiral_lightning.sources.write import DEFAULT_SPLIT_ROWS
@@ -106,7 +106,7 @@ def best_times(spiral_spec: TableSpec, parquet_spec: TableSpec, args: argparse.N
     names = list(paths)
     for repeat in range(args.repeats):
         indices = generator.integers(0, args.rows, args.indices)
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+        for name in in_turns(names, repeat):
             began = time.perf_counter()
             ids = paths[name](indices)
             elapsed = time.perf_counter() - began

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from PIL import Image as PILImage
 from PIL import ImageDraw
+from throughput import in_turns
 from torch.utils.data import DataLoader, Dataset
 
 from spiral_lightning import TableDataset, TableSpec
@@ -199,7 +200,7 @@ def compare(loaders: dict[str, DataLoader[Any]], column: str, shape: tuple[int, 
     rows = {name: Row() for name in loaders}
     names = list(loaders)
     for number in range(epochs):
-        for name in names[number % len(names) :] + names[: number % len(names)]:
+        for name in in_turns(names, number):
             count, seconds = epoch(loaders[name], column, shape)
             row = rows[name]
             if number == 0:

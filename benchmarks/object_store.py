@@ -58,7 +58,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from throughput import WIDTH, table_data
+from throughput import WIDTH, in_turns, table_data
 
 from spiral_lightning import TableDataset, TableSpec, to_torch, write_table
 
@@ -286,7 +286,7 @@ def main() -> None:
         for opener in warm_ups:
             timed(opener, args.rows, None)
         for repeat in range(args.repeats):
-            for job in jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)]:
+            for job in in_turns(jobs, repeat):
                 job()
         file_bytes = remote.files[0].size
     rates = {(row.place.name, row.reader): row.rate(args.rows) for row in rows}

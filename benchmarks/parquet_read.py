@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from throughput import WIDTH, table_data
+from throughput import WIDTH, in_turns, table_data
 
 from spiral_lightning import TableDataset, TableSpec, to_torch, write_table
 
@@ -100,7 +100,7 @@ def main() -> None:
         delivered: dict[tuple[str, str], int] = {}
         names = list(paths)
         for repeat in range(args.repeats):
-            for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            for name in in_turns(names, repeat):
                 began = time.perf_counter()
                 rows = paths[name]()
                 best[name] = min(best[name], time.perf_counter() - began)

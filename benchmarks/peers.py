@@ -88,6 +88,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from throughput import in_turns
 
 from spiral_lightning import TableDataset, TableSpec, write_table
 from spiral_lightning.sources.spiral import IDS_FILE
@@ -491,8 +492,7 @@ def measure_in_process(
     best = dict.fromkeys(runnable, float("inf"))
     spent = dict.fromkeys(runnable, 0.0)
     for repeat in range(repeats):
-        turn = repeat % len(runnable) if runnable else 0
-        for name in runnable[turn:] + runnable[:turn]:
+        for name in in_turns(runnable, repeat):
             if results[name].note or spent[name] >= path_seconds:
                 continue
             path = paths[name]

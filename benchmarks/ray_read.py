@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 import ray.data
+from throughput import in_turns
 
 from ray_adapter import read_table
 from spiral_lightning import TableSpec, write_table
@@ -92,8 +93,7 @@ def main() -> None:
     best: dict[str, tuple[int, float]] = {}
     names = list(paths)
     for round_number in range(args.repeats):
-        shift = round_number % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in in_turns(names, round_number):
             rows, seconds = one_pass(paths[name], args.batch_size)
             if rows != args.rows:
                 raise RuntimeError(f"{name} delivered {rows} rows, not {args.rows}")

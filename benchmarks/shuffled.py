@@ -13,7 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from throughput import BATCH_SIZE, benchmark_table, timed
+from throughput import BATCH_SIZE, benchmark_table, in_turns, timed
 
 from spiral_lightning import Shuffled, TableDataset, stripe
 from spiral_lightning.core.plan import Policy
@@ -41,7 +41,7 @@ def main() -> None:
     best = {name: float("inf") for name in datasets}
     for round_ in range(args.repeats):
         names = list(datasets)
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+        for name in in_turns(names, round_):
             dataset = datasets[name]
             dataset.set_epoch(round_)
             best[name] = min(best[name], timed(lambda dataset=dataset: dataset, args.rows))

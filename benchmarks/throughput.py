@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,8 @@ from torch.utils.data import DataLoader
 
 from spiral_lightning import TableDataset, TableSpec, send_by_name, to_torch, write_table
 from spiral_lightning.sources.spiral import IDS_FILE
+
+T = TypeVar("T")
 
 SPLITS = 20
 WIDTH = 16
@@ -79,6 +81,13 @@ def benchmark_table(parent: Path, rows: int) -> TableSpec:
         split_rows = -(-rows // SPLITS)
         write_table(f"spiral:{root}", table_data(rows), split_rows=split_rows)
     return TableSpec(f"spiral:{root}").resolve()
+
+
+def in_turns(settings: Sequence[T], turn: int) -> list[T]:
+    """``settings`` in the order they take turn ``turn``: each turn starts one later, so that every
+    setting goes first as often as the others and load from elsewhere falls on all of them alike."""
+    shift = turn % len(settings) if settings else 0
+    return [*settings[shift:], *settings[:shift]]
 
 
 def consume(batches: Iterable[dict[str, Any]]) -> int:
@@ -165,7 +174,7 @@ def measure(spec: TableSpec, rows: int, repeats: int, cache: Path) -> dict[str, 
     seconds = {name: float("inf") for name, _ in paths}
     for repeat in range(repeats):
         # Rotating the order keeps whatever running first costs from landing on one path every time.
-        for name, path in paths[repeat % len(paths) :] + paths[: repeat % len(paths)]:
+        for name, path in in_turns(paths, repeat):
             seconds[name] = min(seconds[name], timed(path, rows))
     passes = min(repeats, LOADER_PASSES)
     request = open_table(spec).scan_request()
