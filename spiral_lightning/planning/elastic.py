@@ -180,7 +180,7 @@ def _grouped(
         lead = remainder.leads[dealt(len(remainder.plan), world_size, workers)[0]]
     else:
         lead = np.zeros(lists.owner.size, dtype=np.int64)
-    if lists.owner.size < 2 or bool(np.all(lists.owner[1:] >= lists.owner[:-1])):
+    if bool(np.all(lists.owner[1:] >= lists.owner[:-1])):
         # Already grouped, as plan_all lists most policies' items: a copy of every column would
         # cost more than the check (at 10^6 splits, 12.7 M blocks: 400 MB of fresh memory).
         return lists, lead
