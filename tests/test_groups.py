@@ -3,6 +3,7 @@ exactly where it was, in the same order as a run that never stopped."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,15 @@ import pytest
 import torch
 
 from spiral_lightning import PackedDataset, TableDataset, TableSpec, TokenBatchDataset, TokenBudget, write_table
-from spiral_lightning.datasets.groups import GROUP_BYTES, GROUP_LEFT, GROUP_ROWS, MOST_GROUPED, Grouped, group_size
+from spiral_lightning.datasets.groups import (
+    GROUP_BYTES,
+    GROUP_HANDED,
+    GROUP_LEFT,
+    GROUP_ROWS,
+    MOST_GROUPED,
+    Grouped,
+    group_size,
+)
 from spiral_lightning.reading.tensors import NullError
 
 
@@ -39,12 +48,43 @@ def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
     assert isinstance(TableDataset(spec, batch_size=10).loader(num_workers=0).dataset, TableDataset)
 
 
+def ends_of_groups(sizes: list[int], workers: int) -> set[int]:
+    """The batch counts at which a loader has handed on whole groups only, when each of its
+    ``workers`` sends groups of ``sizes`` batches and the loader takes them in turn."""
+    ends, handed = set(), 0
+    for size in sizes:
+        for _ in range(workers):
+            handed += size
+            ends.add(handed)
+    return ends
+
+
+def test_a_workers_groups_grow_from_one_batch(make_table: Callable[..., TableSpec]) -> None:
+    # Its first batch waits for one batch, not a whole group; then each group holds as many
+    # batches as it sent before, up to group_size.
+    spec = make_table([3 * MOST_GROUPED * 10])
+    loader = TableDataset(spec, batch_size=10).loader(num_workers=1)
+    lefts = []
+    for _ in loader:
+        state = loader.state_dict()
+        lefts.append(state.get(GROUP_LEFT, {}).get("left", 0))
+    ends = [count for count, left in enumerate(lefts, 1) if left == 0]
+    sizes = [1, 1, 2, 4, 8, 16, 32, 64, 128, MOST_GROUPED, MOST_GROUPED]
+    assert ends == list(itertools.accumulate(sizes)) and sum(sizes) == 3 * MOST_GROUPED
+    # The loader's state counts the worker's batches within the epoch, and none after it.
+    assert state[GROUP_HANDED] == [3 * MOST_GROUPED] and GROUP_HANDED not in loader.state_dict()
+    batches = iter(loader)
+    next(batches)
+    assert loader.state_dict()[GROUP_HANDED] == [1]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", [5, MOST_GROUPED, MOST_GROUPED + 23, 3 * MOST_GROUPED + 5, 4 * MOST_GROUPED + 7])
+@pytest.mark.parametrize("stop", [5, 6, MOST_GROUPED, MOST_GROUPED + 23, 3 * MOST_GROUPED + 5, 4 * MOST_GROUPED + 7])
 def test_a_state_saved_inside_a_group_resumes_in_the_uninterrupted_order(
     make_table: Callable[..., TableSpec], stop: int
 ) -> None:
-    # Each of the 2 workers reads two splits of batches of 10 rows: two full groups, then one of 5.
+    # Each of the 2 workers reads two splits of batches of 10 rows: growing groups up to a full
+    # one, a full one, then one of 5.
     split = (2 * MOST_GROUPED + 5) * 10 // 2
     spec = make_table([split] * 4)
     assert group_size(TableDataset(spec, batch_size=10)) == MOST_GROUPED
@@ -55,7 +95,9 @@ def test_a_state_saved_inside_a_group_resumes_in_the_uninterrupted_order(
     before = [next(batches)["id"].tolist() for _ in range(stop)]
     state = loader.state_dict()
     # Inside a group the state says which worker was sending it and what it had left.
-    assert (GROUP_LEFT in state) == (stop % MOST_GROUPED != 0)
+    sizes = [1, 1, 2, 4, 8, 16, 32, 64, 128, MOST_GROUPED, 5]
+    assert (GROUP_LEFT in state) == (stop not in ends_of_groups(sizes, 2))
+    assert sum(state[GROUP_HANDED]) == stop
     del batches, loader
     resumed = TableDataset(spec, batch_size=10).loader(num_workers=2)
     resumed.load_state_dict(state)
@@ -77,10 +119,11 @@ def test_a_group_of_wide_batches_ends_at_its_bytes(make_table: Callable[..., Tab
     spec = write_table(f"parquet:{tmp_path / 'wide'}", data, split_rows=500)
     batch_bytes = 100 * (8 + 4 * width)
     in_group = -(-GROUP_BYTES // batch_bytes)
-    assert in_group < group_size(TableDataset(spec, batch_size=100))
+    assert in_group < 8 < group_size(TableDataset(spec, batch_size=100))
     loader = TableDataset(spec, batch_size=100).loader(num_workers=1)
     batches = iter(loader)
-    seen = [next(batches)]
+    # After groups of 1, 1, 2 and 4 batches the next would hold 8: its bytes end it sooner.
+    seen = [next(batches) for _ in range(9)]
     assert loader.state_dict()[GROUP_LEFT] == {"worker": 0, "left": in_group - 1}
     seen += list(batches)
     assert torch.cat([batch["id"] for batch in seen]).tolist() == list(range(rows))
@@ -114,11 +157,33 @@ def test_a_group_is_converted_at_once_and_its_batches_equal_those_read_in_proces
     spec = replace(written, null_fill={"x": -1.0}, null_mask=("x",))
     expected = list(TableDataset(spec, batch_size=64))
     got = list(TableDataset(spec, batch_size=64).loader(num_workers=1))
-    # The first batches are slices of one conversion, in one storage.
-    assert got[0]["id"].untyped_storage().data_ptr() == got[1]["id"].untyped_storage().data_ptr()
+    # The batches of a group are slices of one conversion, in one storage: the third group holds two.
+    assert got[2]["id"].untyped_storage().data_ptr() == got[3]["id"].untyped_storage().data_ptr()
     assert isinstance(got[0]["tokens"], list) and got[0]["x_valid"].dtype == torch.bool
     assert len(got) == len(expected) and all(map(same, expected, got))
     # A null that no fill covers fails the group's conversion; its frames are converted one by one,
     # and the error names the row.
     with pytest.raises(NullError, match=r"column 'x' is null at parquet:.*row 5 \(position 5 of its batch\)"):
         list(TableDataset(written, batch_size=64).loader(num_workers=1))
+
+
+def test_a_resumed_loader_without_persistent_workers_groups_its_next_epoch_from_the_start(
+    make_table: Callable[..., TableSpec],
+) -> None:
+    spec = make_table([500] * 4)
+
+    def loader() -> Any:
+        return TableDataset(spec, batch_size=10).loader(num_workers=2, persistent_workers=False)
+
+    whole = [batch["id"].tolist() for batch in loader()]
+    first = loader()
+    batches = iter(first)
+    before = [next(batches)["id"].tolist() for _ in range(5)]
+    state = first.state_dict()
+    assert state[GROUP_LEFT] == {"worker": 0, "left": 1} and state[GROUP_HANDED] == [3, 2]
+    del batches, first
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert before + [batch["id"].tolist() for batch in resumed] == whole
+    # Its next epoch's new workers start from the beginning, not from the loaded state.
+    assert [batch["id"].tolist() for batch in resumed] == whole

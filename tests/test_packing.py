@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning import PackedDataset, Packing, Shard, SpiralDataModule, TableDataset, TableSpec, balanced, stripe
-from spiral_lightning.datasets.groups import group_size
+from spiral_lightning.datasets.groups import group_size, ramp
 from spiral_lightning.reading.frames import read_frames, start_of
 from spiral_lightning.reading.packing import PIECE_TOKENS, PackPosition, read_blocks
 from spiral_lightning.sources import open_source
@@ -318,11 +318,20 @@ def test_stateful_dataloader_with_two_workers_resumes_mid_document(tmp_path: Pat
         expected = stream(consumer_docs(spec, dataset.work(Shard(0, 1, worker, 2)), lengths), SEPARATOR)
         blocks = [expected[start : start + 16] for start in range(0, len(expected) // 16 * 16, 16)]
         per_worker.append([blocks[start : start + 3] for start in range(0, len(blocks), 3)])
-    size = group_size(dataset)
-    groups = [[batches[start : start + size] for start in range(0, len(batches), size)] for batches in per_worker]
+    groups = [grouped(batches, group_size(dataset)) for batches in per_worker]
     assert whole == [
         batch for pair in itertools.zip_longest(*groups, fillvalue=[]) for group in pair for batch in group
     ]
+
+
+def grouped(batches: list[Any], size: int) -> list[list[Any]]:
+    """``batches`` in the groups a worker sends them in: growing from one (``ramp``) up to ``size``."""
+    groups: list[list[Any]] = []
+    done = 0
+    while done < len(batches):
+        groups.append(batches[done : done + ramp(done, size)])
+        done += len(groups[-1])
+    return groups
 
 
 def test_a_state_of_another_stream_or_table_is_refused(tmp_path: Path) -> None:

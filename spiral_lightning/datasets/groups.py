@@ -6,7 +6,8 @@ holds: for batches of a few thousand rows or fewer that is most of their cost. A
 dataset makes each worker send ``size`` batches (fewer when they reach ``GROUP_BYTES``) as one
 ``Group``, in one shared-memory block, with the state after each of them; the ``Loader`` hands
 them on one by one, and a state taken between two of them names the state after the last one
-handed on (``Loader.state_dict``).
+handed on (``Loader.state_dict``). A worker's groups grow from one batch at the start of its epoch
+(``ramp``), so its first batch waits for one batch, not a whole group.
 """
 
 from __future__ import annotations
@@ -52,6 +53,33 @@ def group_size(dataset: Any) -> int:
     return max(1, min(MOST_GROUPED, GROUP_ROWS // int(rows)))
 
 
+def ramp(done: int, size: int) -> int:
+    """The batches a worker's next group holds at most when it has sent ``done`` batches this
+    epoch: as many as it sent before, from 1 up to ``size``. A function of ``done`` alone, so a
+    resumed worker that knows it (``GROUP_HANDED``) ends its groups where an uninterrupted one
+    would; the first groups of an epoch cost a few more messages (about 2 ms a worker an epoch)."""
+    return min(size, max(1, done))
+
+
+class _Ends:
+    """Where one pass of a worker cuts its batches into groups: at ``ramp``'s count, at
+    ``GROUP_BYTES``, or, first after a resume inside a group, at the batches it had ``left``."""
+
+    def __init__(self, size: int, done: int, left: int | None) -> None:
+        self.size = size
+        self.done = done
+        self.most = ramp(done, size) if left is None else left
+
+    def reached(self, batches: int, held: int) -> bool:
+        """Whether a group of ``batches`` batches of ``held`` bytes ends here; if so, the next
+        one's count is set."""
+        if batches < self.most and held < GROUP_BYTES:
+            return False
+        self.done += batches
+        self.most = ramp(self.done, self.size)
+        return True
+
+
 def as_they_are(group: Any) -> Any:
     """A loader's ``collate_fn`` for groups: their batches are tensors already."""
     return group
@@ -83,6 +111,8 @@ class Grouped(IterableDataset[Any]):
         #: Batches left in the group each worker was sending when its state was saved: its first
         #: group after the resume holds only those, so later groups end where they would have.
         self.left: dict[int, int] = {}
+        #: Batches each worker had handed on in its epoch when its state was saved (``ramp``).
+        self.handed: dict[int, int] = {}
         #: The state after the group just sent, as ``state_dict`` returns it: the DataLoader asks
         #: for it as each group leaves, and the dataset has not moved since.
         self._sent: dict[str, Any] | None = None
@@ -92,13 +122,13 @@ class Grouped(IterableDataset[Any]):
         if info is None:
             yield from self.dataset
             return
-        size = self.left.pop(info.id, self.size)
-        for group in self._sliced(size) if self.dataset.sliced() else self._batched(size):
+        ends = _Ends(self.size, self.handed.pop(info.id, 0), self.left.pop(info.id, None))
+        for group in self._sliced(ends) if self.dataset.sliced() else self._batched(ends):
             self._sent = plain(group.states[-1])
             yield group
             self._sent = None
 
-    def _batched(self, size: int) -> Iterator[Group]:
+    def _batched(self, ends: _Ends) -> Iterator[Group]:
         """The dataset's batches in groups, each batch copied into the group's block."""
         # The group goes in one block: the dataset leaves its batches where they are.
         self.dataset.hands_on = False
@@ -109,13 +139,13 @@ class Grouped(IterableDataset[Any]):
             batches.append(batch)
             states.append(self.dataset.state_now())
             held += tensor_bytes(batch)
-            if len(batches) == size or held >= GROUP_BYTES:
+            if ends.reached(len(batches), held):
                 yield Group(handed_on_group(batches), states)
-                batches, states, size, held = [], [], self.size, 0
+                batches, states, held = [], [], 0
         if batches:
             yield Group(handed_on_group(batches), states)
 
-    def _sliced(self, size: int) -> Iterator[Group]:
+    def _sliced(self, ends: _Ends) -> Iterator[Group]:
         """The dataset's frames in groups, each group converted at once when its batches are
         slices of its conversion, else frame by frame."""
         dataset = self.dataset
@@ -136,9 +166,9 @@ class Grouped(IterableDataset[Any]):
             frames.append((frame, first))
             states.append(dataset.state_now())
             held += frame_bytes(frame)
-            if len(frames) == size or held >= GROUP_BYTES:
+            if ends.reached(len(frames), held):
                 yield group()
-                frames, states, size, held = [], [], self.size, 0
+                frames, states, held = [], [], 0
         if frames:
             yield group()
 
@@ -160,6 +190,9 @@ class Grouped(IterableDataset[Any]):
 #: The key of a loader state saved between two batches of a worker's group that says which worker
 #: was sending it and how many batches it had left (``Grouped.left``).
 GROUP_LEFT = "spiral_lightning_group_left"
+#: The key of a loader state saved inside an epoch that lists, worker by worker, the batches it
+#: had handed on in that epoch (``Grouped.handed``).
+GROUP_HANDED = "spiral_lightning_group_handed"
 
 
 class GroupedIterator(WatchedIterator):
@@ -167,10 +200,15 @@ class GroupedIterator(WatchedIterator):
     groups one by one, and a state that, between two batches of a group, is as if that worker had
     sent the batches so far alone: its dataset's state after the last one handed on, that worker
     the next to hand on (torchdata's snapshot holds the whole group), and the batches its group had
-    left (``GROUP_LEFT``), so that its first group after a resume ends where this one would have."""
+    left (``GROUP_LEFT``), so that its first group after a resume ends where this one would have.
+    Inside an epoch the state also counts each worker's batches handed on (``GROUP_HANDED``), so
+    that its later groups do too (``ramp``)."""
 
     _pending: deque[tuple[Any, tuple[int, State | dict[str, Any], int] | None]] | None = None
     _within: tuple[int, State | dict[str, Any], int] | None = None
+    #: The worker whose group is being handed on, and each worker's batches handed on this epoch.
+    _sender = 0
+    _handed: list[int]
 
     def __next__(self) -> Any:
         if not self._pending:
@@ -179,28 +217,35 @@ class GroupedIterator(WatchedIterator):
                 self._within = None
                 return item
             worker, last = self._last_yielded_worker_id, len(item.states) - 1
+            self._sender = worker
             batches = item.batches if item.rows is None else _slices(item.batches[0], item.rows)
             self._pending = deque(
                 (batch, None if index == last else (worker, item.states[index], last - index))
                 for index, batch in enumerate(batches)
             )
         batch, self._within = self._pending.popleft()
+        self._handed[self._sender] += 1
         return batch
 
     def _reset(self, loader: Any, first_iter: bool = False, prime_prefetch: bool = True) -> None:
         self._pending, self._within = None, None
+        # A resumed epoch counts on from the loaded state; every later epoch from none.
+        loaded = loader.dataset.handed if first_iter else {}
+        self._handed = [loaded.get(worker, 0) for worker in range(loader.num_workers)]
         super()._reset(loader, first_iter, prime_prefetch)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = super().state_dict()
-        if self._within is None:
-            return state
-        worker, dataset_state, left = self._within
-        state = copy.deepcopy(state)
-        snapshot = state["_snapshot"]
-        snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = plain(dataset_state)
-        snapshot["_last_yielded_worker_id"] = (worker - 1) % self._num_workers
-        state[GROUP_LEFT] = {"worker": worker, "left": left}
+        if self._within is not None:
+            worker, dataset_state, left = self._within
+            state = copy.deepcopy(state)
+            snapshot = state["_snapshot"]
+            snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = plain(dataset_state)
+            snapshot["_last_yielded_worker_id"] = (worker - 1) % self._num_workers
+            state[GROUP_LEFT] = {"worker": worker, "left": left}
+        # After the epoch's last batch the next state starts a new epoch, whose groups grow again.
+        if not self._finished:
+            state[GROUP_HANDED] = list(self._handed)
         return state
 
 

@@ -17,7 +17,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spiral_lightning.core.checks import check_count
 from spiral_lightning.core.integrity import dataset_states
-from spiral_lightning.datasets.groups import GROUP_LEFT, Grouped, GroupedIterator, as_they_are, group_size
+from spiral_lightning.datasets.groups import (
+    GROUP_HANDED,
+    GROUP_LEFT,
+    Grouped,
+    GroupedIterator,
+    as_they_are,
+    group_size,
+)
 from spiral_lightning.datasets.pipes import piped
 from spiral_lightning.datasets.stuck import WatchedIterator
 from spiral_lightning.reading.tensors import to_torch
@@ -204,8 +211,10 @@ class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no ty
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         left = state_dict.pop(GROUP_LEFT, None)
+        handed = state_dict.pop(GROUP_HANDED, None)
         if isinstance(self.dataset, Grouped):
             self.dataset.left = {} if left is None else {int(left["worker"]): int(left["left"])}
+            self.dataset.handed = {} if handed is None else {worker: int(n) for worker, n in enumerate(handed)}
         super().load_state_dict(state_dict)
 
     def _get_iterator(self) -> Any:
@@ -216,6 +225,10 @@ class Loader(StatefulDataLoader):  # type: ignore[misc]  # torchdata ships no ty
             self, self.next_iter_state
         )
         self.next_iter_state = None
+        if isinstance(self.dataset, Grouped):
+            # The workers took them: the loader's next workers (a new epoch without persistent
+            # workers) start their epoch from its beginning.
+            self.dataset.left, self.dataset.handed = {}, {}
         return iterator
 
 
