@@ -119,8 +119,10 @@ MOST_WORKERS = 4
 
 def workers_for(dataset: Any, num_workers: int | None) -> int:
     """``num_workers``, or when ``None`` the count that reads ``dataset`` fastest as a rule: none
-    for batches of plain columns, read in this process on threads (handing a batch over from a
-    worker costs more than reading it), and for a dataset that runs Python on every batch (a
+    for batches of plain columns, read in this process on threads, with no processes to start or
+    hold (on 2 cores at 0.79-0.98x the rate of 2 workers in ``benchmarks/defaults.py``; a Spiral
+    scan keeps about one core busy a process, so on more cores workers may read faster, which
+    ``spiral-lightning bench`` measures); for a dataset that runs Python on every batch (a
     transform, a collate of its own, images or video to decode) one process per core of this
     rank's share (``LOCAL_WORLD_SIZE`` ranks share the machine), 1 to ``MOST_WORKERS``: the
     trainer mostly waits on its accelerator, and on 2 cores 2 workers decoded images 1.8x as fast
