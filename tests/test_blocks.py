@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from spiral_lightning import TableDataset, TableSpec
-from spiral_lightning.datasets.pipes import PIPE_CONTEXTS, PipeQueue
+from spiral_lightning.datasets.pipes import PIPE_CONTEXTS, Flag, PipeQueue
 from spiral_lightning.reading import blocks
 
 
@@ -156,6 +156,9 @@ def test_shared_memory_is_unmapped_when_the_loader_goes_or_a_worker_is_killed(
     loader = TableDataset(spec, batch_size=100).loader(num_workers=2, group=1)
     iterator = iter(loader)
     next(iterator)
+    # The workers read their "done" event without a lock: one killed while it read a locked event
+    # held its lock, and the loader waited for it forever as it ended the others.
+    assert isinstance(iterator._workers_done_event, Flag)
     os.kill(iterator._workers[0].pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match="exited unexpectedly"):
         list(iterator)

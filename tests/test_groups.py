@@ -22,6 +22,7 @@ from spiral_lightning.datasets.groups import (
     GROUP_ROWS,
     MOST_GROUPED,
     Grouped,
+    Marks,
     group_size,
 )
 from spiral_lightning.reading.tensors import NullError
@@ -189,3 +190,18 @@ def test_a_resumed_loader_without_persistent_workers_groups_its_next_epoch_from_
     assert before + [batch["id"].tolist() for batch in resumed] == whole
     # Its next epoch's new workers start from the beginning, not from the loaded state.
     assert [batch["id"].tolist() for batch in resumed] == whole
+
+
+def test_marks_give_the_state_after_each_batch_of_a_group(make_table: Callable[..., TableSpec]) -> None:
+    # A group of plain batches carries one State and, batch by batch, the cursor and rows delivered.
+    spec = make_table([250, 130])
+    dataset = TableDataset(spec, batch_size=64)
+    states, marks = [], []
+    for _ in dataset.frames():
+        states.append(dataset.state())
+        marks.append(dataset.mark())
+    group = Marks(states[-1], marks)
+    assert len(group) == len(states) == 6
+    assert [group[at] for at in range(len(group))] == states
+    assert [group[at].to_dict() for at in range(len(group))] == [state.to_dict() for state in states]
+    assert len({state.cursor for state in states}) == 6 and states[2].delivered == 3 * 64

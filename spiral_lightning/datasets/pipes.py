@@ -62,18 +62,41 @@ class PipeQueue(queues.SimpleQueue):  # type: ignore[type-arg]  # not generic at
         """Nothing: no feeder thread to wait for."""
 
 
+class Flag:
+    """The loader's "workers done" event, without a lock: one byte of shared memory that the loader
+    sets and its workers read. A ``multiprocessing.Event`` reads and sets its flag under a lock, and
+    a worker killed while it read the flag holds that lock forever: the loader then waited forever
+    as it marked the dead worker unavailable or shut the others down (seen once in the suite, a
+    worker killed by a test). One writer needs no lock."""
+
+    def __init__(self, ctx: context.BaseContext) -> None:
+        self._value = ctx.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+
 class _PipeForkServer(context.ForkServerContext):
-    """The ``forkserver`` context, whose queues are ``PipeQueue``s."""
+    """The ``forkserver`` context, whose queues are ``PipeQueue``s and whose events are ``Flag``s."""
 
     def Queue(self, maxsize: int = 0) -> PipeQueue:  # type: ignore[override]
         return PipeQueue(ctx=self)
+
+    def Event(self) -> Flag:  # type: ignore[override]
+        return Flag(self)
 
 
 class _PipeSpawn(context.SpawnContext):
-    """The ``spawn`` context, whose queues are ``PipeQueue``s."""
+    """The ``spawn`` context, whose queues are ``PipeQueue``s and whose events are ``Flag``s."""
 
     def Queue(self, maxsize: int = 0) -> PipeQueue:  # type: ignore[override]
         return PipeQueue(ctx=self)
+
+    def Event(self) -> Flag:  # type: ignore[override]
+        return Flag(self)
 
 
 #: The contexts a loader's workers start in, by start method, with queues that need no thread.

@@ -338,6 +338,11 @@ class TableDataset(Consumer, IterableDataset[Any]):
         plain = self.collate is to_torch and self.transform is None and not (self.spec.media or self.spec.padded)
         return plain and type(self).__iter__ is TableDataset.__iter__
 
+    def mark(self) -> tuple[Cursor | None, int]:
+        """The cursor and the rows delivered: all a state after one frame of a pass differs in
+        from the state after another (``groups.Marks``)."""
+        return self._cursor, self._delivered
+
     def state_now(self) -> State | dict[str, Any]:
         """The state as cheaply as it can be taken, for a worker's group to carry: ``state()``
         where ``state_dict`` is its plain values, else (a kind that says more) ``state_dict()``."""
