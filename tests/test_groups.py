@@ -185,6 +185,12 @@ def test_a_resumed_loader_without_persistent_workers_groups_its_next_epoch_from_
     state = first.state_dict()
     assert state[GROUP_LEFT] == {"worker": 1, "left": 2} and state[GROUP_HANDED] == [4, 2]
     del batches, first
+    # A state saved again before the resumed loader's first batch still says what the group had left.
+    reloaded = loader()
+    reloaded.load_state_dict(state)
+    assert reloaded.state_dict()[GROUP_LEFT] == state[GROUP_LEFT]
+    state = reloaded.state_dict()
+    del reloaded
     resumed = loader()
     resumed.load_state_dict(state)
     assert before + [batch["id"].tolist() for batch in resumed] == whole

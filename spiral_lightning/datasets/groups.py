@@ -256,6 +256,9 @@ class GroupedIterator(WatchedIterator):
     #: The worker whose group is being handed on, and each worker's batches handed on this epoch.
     _sender = 0
     _handed: list[int]
+    #: The ``GROUP_LEFT`` of the state this iterator resumed, until the first group arrives: a
+    #: state saved before it says the same.
+    _resumed_left: dict[str, int] | None = None
 
     def __next__(self) -> Any:
         if not self._pending:
@@ -264,7 +267,7 @@ class GroupedIterator(WatchedIterator):
                 self._within = None
                 return item
             worker, last = self._last_yielded_worker_id, len(item.states) - 1
-            self._sender = worker
+            self._sender, self._resumed_left = worker, None
             batches = item.batches if item.rows is None else _slices(item.batches[0], item.rows)
             self._pending = deque(
                 (batch, None if index == last else _Place(worker, item.states, index, last - index))
@@ -279,6 +282,8 @@ class GroupedIterator(WatchedIterator):
         # A resumed epoch counts on from the loaded state; every later epoch from none.
         loaded = loader.dataset.handed if first_iter else {}
         self._handed = [loaded.get(worker, 0) for worker in range(loader.num_workers)]
+        resumed = loader.dataset.left if first_iter else {}
+        self._resumed_left = next(({"worker": w, "left": n} for w, n in resumed.items()), None)
         super()._reset(loader, first_iter, prime_prefetch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -290,6 +295,8 @@ class GroupedIterator(WatchedIterator):
             snapshot["_worker_snapshots"][f"worker_{worker}"]["dataset_state"] = plain(states[at])
             snapshot["_last_yielded_worker_id"] = (worker - 1) % self._num_workers
             state[GROUP_LEFT] = {"worker": worker, "left": left}
+        elif self._resumed_left is not None:
+            state[GROUP_LEFT] = dict(self._resumed_left)
         # After the epoch's last batch the next state starts a new epoch, whose groups grow again.
         if not self._finished:
             state[GROUP_HANDED] = list(self._handed)
