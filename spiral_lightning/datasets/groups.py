@@ -189,8 +189,8 @@ class Grouped(IterableDataset[Any]):
         held = 0
 
         def group() -> Group:
-            last = dataset.state_now()
-            taken: States = Marks(last, marks) if marked and isinstance(last, State) else states
+            # Where state_now is a State it is state(), which says so to the type checker.
+            taken: States = Marks(dataset.state(), marks) if marked else states
             whole = group_tensors([frame for frame, _ in frames], nulls, dataset.spec.padded)
             if whole is None:
                 return Group(handed_on_group([convert(frame, first) for frame, first in frames]), taken)
