@@ -30,6 +30,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # and ten beside two busy loops. The suite's Rays (the fixture's, the CLI's, the README's) run
 # them as every other process runs.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# Ray Train's controller polls its workers every 2 s and a worker's ray.train.report waits for the
+# poll that takes its result: a README loop that checkpoints six times spent 12 s waiting. The
+# suite's runs (the README's, the CLI's, the fixture's) poll every 0.2 s; what they report is the same.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 # A worker imports the test module that defines what its dataset pickles by reference (a collate,
 # a policy), and the test modules import Lightning: a server that imported it once saves each
