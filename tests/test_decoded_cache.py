@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from spiral_lightning import Image, PackedDataset, TableDataset, TableSpec, WindowDataset, Windows, write_table
-from spiral_lightning.sources.cache import kept_entries
+from spiral_lightning.sources.cache import _PARTIAL, kept_entries
 from tests.loaders import stopped_and_resumed
 from tests.tables import KEEP_TEXT, kept_ids
 from tests.test_media_pixels import ROWS as PICTURES
@@ -24,6 +24,11 @@ from tests.test_media_pixels import picture, pixel_table, with_media
 
 SIZES = [700, 0, 1300, 500, 900]
 ROWS = sum(SIZES)
+
+
+def unfinished(folder: Path) -> list[Path]:
+    """The entries a cache in ``folder`` is writing or left unfinished."""
+    return sorted(folder.glob(f"*{_PARTIAL}"))
 
 
 def cached(spec: TableSpec, folder: Path, budget: int = 1 << 30) -> TableSpec:
@@ -112,7 +117,7 @@ def test_a_pass_stopped_early_keeps_only_the_items_it_read_whole(
         if number == 9:
             break
     # The item being written when the pass stopped left no file behind.
-    assert len(kept_entries(folder)) == 1 and not list(folder.glob("*.partial"))
+    assert len(kept_entries(folder)) == 1 and not unfinished(folder)
     # A file a killed process left while writing is removed an hour after its last write, when
     # another process (here, another dataset's source) first keeps an entry.
     left = folder / "killed.partial"
@@ -121,7 +126,7 @@ def test_a_pass_stopped_early_keeps_only_the_items_it_read_whole(
     dataset = TableDataset(dataset.spec, batch_size=100, read_ahead=0)
     assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
     assert len(kept_entries(folder)) == len(dataset.work())
-    assert not list(folder.glob("*.partial"))
+    assert not unfinished(folder)
 
 
 def test_a_resume_inside_a_pass_read_from_the_cache_through_workers(
@@ -168,7 +173,7 @@ def test_an_item_over_the_budget_is_read_from_the_table_every_pass(
     for _ in range(2):
         assert [id for batch in dataset for id in batch["id"].tolist()] == list(range(ROWS))
         assert 0 < sum(path.stat().st_size for path in kept_entries(folder)) <= 20_000
-        assert not list(folder.glob("*.partial"))
+        assert not unfinished(folder)
 
 
 def test_the_settings_are_checked_when_the_spec_is_made(tmp_path: Path) -> None:
