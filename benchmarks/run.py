@@ -85,10 +85,10 @@ BENCHMARKS = [
         [
             # The dataset as users get it (its defaults), in process; not the in-line row beside it.
             Target(
-                "TableDataset >= 0.9x raw Spiral `to_reader`",
+                "TableDataset in process (every pass reads the table) >= 1.5x raw Spiral `to_reader`",
                 r"^`TableDataset\(batch_size=1024\)`, in process$",
                 "vs raw to_reader",
-                0.9,
+                1.5,
             ),
             Target(
                 "TableDataset >= 1.1x `ScanDataset`",

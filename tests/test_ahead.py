@@ -8,9 +8,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +23,7 @@ from spiral_lightning import Mixture, Shuffled, TableDataset, TableSpec, WindowD
 from spiral_lightning.core.plan import WorkItem
 from spiral_lightning.reading import ahead
 from spiral_lightning.reading.ahead import ReadAhead, runs
+from spiral_lightning.sources import ReadBatch, Source, open_source
 from tests.tables import BACKENDS, KEEP_TEXT, layout_table
 
 SIZES = [9000, 300, 20000, 0, 12000, 4000]
@@ -227,3 +230,44 @@ def test_a_pass_left_open_at_exit_stops_its_read_before_the_interpreter_ends(
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split("\n")[:2] == ["[0, 1]", "0"]
+
+
+class Counted:
+    """A table version's source that counts the read batches its reads have yielded."""
+
+    def __init__(self, spec: TableSpec, counts: list[int]) -> None:
+        self.source = open_source(spec)
+        self.counts = counts
+
+    def read(self, items: Sequence[WorkItem]) -> Iterator[ReadBatch]:
+        for read in self.source.read(items):
+            self.counts.append(read[0].num_rows)
+            yield read
+
+
+@pytest.mark.parametrize("most_bytes", [ahead.AHEAD_BYTES, 0], ids=["default", "none"])
+def test_threads_ahead_of_the_consumer_read_on_while_the_pass_holds_few_bytes(
+    make_table: Callable[..., TableSpec], monkeypatch: pytest.MonkeyPatch, most_bytes: int
+) -> None:
+    """A thread whose run is not the consumer's yet keeps reading past ``depth`` read batches
+    while they are small (so that threads read at once), and stops at ``depth`` without room."""
+    monkeypatch.setattr(ahead, "AHEAD_BYTES", most_bytes)
+    spec = make_table([40_000] * 4, columns=["id"])
+    counts: list[int] = []
+    opener = partial(Counted, spec, counts)
+    reader = ReadAhead(cast(Source, opener()), depth=1, threads=2, opener=cast(Callable[[], Source], opener))
+    items = [WorkItem(split, 0, 40_000) for split in range(4)]
+    batches = reader.read(items)
+    first = next(batches)[0]["id"].to_pylist()
+    if most_bytes:
+        # Every read batch of every split is read while the consumer holds the first.
+        deadline = time.monotonic() + 60
+        while sum(counts) < 160_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(counts) == 160_000
+    else:
+        time.sleep(0.5)
+        # Each of the two runs read holds one batch and waits to put its next: 5 of the 20.
+        assert len(counts) <= 5
+    rest = [i for batch, _, _ in batches for i in batch["id"].to_pylist()]
+    assert first + rest == list(range(160_000))

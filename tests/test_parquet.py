@@ -81,8 +81,8 @@ def test_files_of_another_schema_read_as_their_union(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_version_of_more_files_than_the_open_file_limit_reads(tmp_path: Path) -> None:
-    # 400 files under a limit of 256 open files: every source (the consumer's, the one that
-    # reads ahead, each read thread's) keeps at most 64 of them open.
+    # 400 files under a limit of 256 open files: every pass (each read thread's, up to 4, and
+    # each thread's of a map-style take) keeps at most 32 of them open.
     for part in range(400):
         pq.write_table(numbers(part * 3, 3), tmp_path / f"part-{part:05d}.parquet")
     script = textwrap.dedent(

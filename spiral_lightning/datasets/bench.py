@@ -36,7 +36,7 @@ SMALL_BATCH = 1_000_000
 @dataclass(frozen=True)
 class Setting:
     """One way of reading: ``workers`` DataLoader workers and ``read_threads`` reading threads in
-    each process that reads (``None``: the process's share of the cores, see ``TableDataset``),
+    each process that reads (``None``: twice the process's share of the cores, see ``TableDataset``),
     reading the table or, with ``decoded``, the spec's decoded cache (filled beforehand)."""
 
     workers: int

@@ -61,7 +61,7 @@ class TableMapDataset(Dataset[Any]):
 
     ``read_threads`` is how many threads read one call's splits at once, each through its own
     source, the splits cut into consecutive groups of about equal rows. By default each process
-    that reads (the main one, or each DataLoader worker) gets its share of the cores, 1 to
+    that reads (the main one, or each DataLoader worker) gets twice its share of the cores, 1 to
     ``MOST_READ_THREADS`` (see ``default_read_threads``).
 
     ``columns`` and ``filter`` select what is read, as the ``TableSpec`` settings of those names do.

@@ -56,9 +56,10 @@ class TableDataset(Consumer, IterableDataset[Any]):
     ``set_epoch`` and ``set_rows_per_consumer`` reach running (persistent) DataLoader workers
     through a small shared-memory tensor, which a worker reads as each epoch's pass starts.
 
-    ``read_ahead`` read batches are read ahead of the consumer on a thread (0 reads in line), and
-    ``read_threads`` work items at once, each on its own thread (``None``: the cores this process
-    gets beside the other DataLoader workers, at most 4). Neither changes a row, order or state.
+    At least ``read_ahead`` read batches are read ahead of the consumer on a thread (0 reads in
+    line; more while they are small, see ``reading.ahead``), and ``read_threads`` work items at
+    once, each on its own thread (``None``: twice the cores this process gets beside the other
+    DataLoader workers, at most 4). Neither changes a row, order or state.
 
     ``storage_options`` reach a Parquet table in an object store, and ``columns`` and ``filter``
     (a string such as ``"label < 2"`` or a spiral expression) select what is read, as the

@@ -178,7 +178,7 @@ def bench(argv: Sequence[str]) -> None:
         type=_read_threads,
         default=[None],
         metavar="N,N",
-        help="reading threads a process to try, separated by commas; auto is the process's share of the cores "
+        help="reading threads a process to try, separated by commas; auto is twice the process's share of the cores "
         "(default: auto)",
     )
     parser.add_argument(

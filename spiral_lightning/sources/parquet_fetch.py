@@ -17,8 +17,9 @@ import pyarrow as pa
 from spiral_lightning.sources.retry import ShortRead
 
 #: Files a pass keeps open at once, the least recently used dropped first, so a version of any
-#: number of files reads within the process's limit of open files.
-OPEN_FILES = 64
+#: number of files reads within the process's limit of open files: a process reads on up to 4
+#: threads, each in a pass of its own, and 4 * 32 stays well under 256 (macOS's default limit).
+OPEN_FILES = 32
 
 
 #: Column chunks closer than this are fetched in one range read (the bytes between are wasted).
