@@ -87,3 +87,19 @@ def test_an_old_module_path_still_runs_with_python_m() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: spiral-lightning bench")
+
+
+def test_checkpoint_position_is_read_from_its_old_module_with_a_warning() -> None:
+    """Moved to ``lightning.callbacks`` in 0.3, so that Ray Train's loaders start without Lightning."""
+    from spiral_lightning.lightning import callbacks, checkpoint
+
+    with pytest.warns(DeprecationWarning, match=r"moved to spiral_lightning\.lightning\.callbacks"):
+        assert checkpoint.CheckpointPosition is callbacks.CheckpointPosition
+    with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+        checkpoint.Nothing  # noqa: B018
+
+
+def test_ray_trains_loaders_import_no_lightning() -> None:
+    code = "import sys, ray_adapter; print(sorted(m for m in sys.modules if m.startswith('lightning')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["[]"]

@@ -4,7 +4,8 @@ mid-epoch.
 
 Lightning files a DataModule's ``state_dict`` under the class's qualified name and restores it
 only into a class of that name, so a run resumed under a subclass or a renamed class would read
-its epoch from the start while the fit loop continues mid-epoch. ``CheckpointPosition`` (which
+its epoch from the start while the fit loop continues mid-epoch. ``CheckpointPosition`` (in
+``lightning.callbacks``; which
 the DataModule adds to the Trainer when fitting) also files the entry under ``CHECKPOINT_KEY``,
 finds it there (or by its ``ENTRY_KIND``) when Lightning did not, and refuses a mid-epoch resume
 that finds none.
@@ -12,10 +13,10 @@ that finds none.
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
-
-import lightning.pytorch as pl
 
 from spiral_lightning.core import integrity
 from spiral_lightning.core.checks import is_count
@@ -176,39 +177,16 @@ def mid_epoch(checkpoint: Mapping[str, Any]) -> tuple[int, int] | None:
     return (int(checkpoint.get("epoch", 0)), int(batches)) if batches else None
 
 
-class CheckpointPosition(pl.Callback):
-    """Files the SpiralDataModule entry under ``CHECKPOINT_KEY`` too, and on resume restores it
-    when Lightning did not (a checkpoint saved by a DataModule class of another name); refuses a
-    fit that resumes mid-epoch with no entry (see ``missing_position``)."""
-
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        running: Any = trainer  # Lightning sets the DataModule on the Trainer at run time.
-        entry = checkpoint.get(type(running.datamodule).__qualname__)
-        if isinstance(entry, Mapping) and entry.get("kind") == ENTRY_KIND:
-            checkpoint[CHECKPOINT_KEY] = entry
-
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        running: Any = trainer
-        datamodule = running.datamodule
-        # Lightning restored the entry filed under the class's own name before calling this.
-        if trainer.state.fn != "fit" or not hasattr(datamodule, "missing_position") or datamodule.position_loaded:
-            return
-        entry = find_entry(checkpoint)
-        if entry is not None:
-            datamodule.load_state_dict(entry)
-            return
-        stopped = mid_epoch(checkpoint)
-        if stopped is None or datamodule.missing_position == "restart_epoch":
-            return
-        epoch, batches = stopped
-        raise ValueError(
-            f"the checkpoint resumes training inside epoch {epoch}, after {batches} batches, but holds no "
-            f"SpiralDataModule position (its entries: {sorted(str(key) for key in checkpoint)}): the data would "
-            "start the epoch again while the model continues it, training rows twice and others never. Resume "
-            f"from a checkpoint the SpiralDataModule saved a position in (under its class name or {CHECKPOINT_KEY!r}), "
-            "or, to read the epoch from its start on purpose, pass SpiralDataModule(missing_position='restart_epoch')"
+def __getattr__(name: str) -> Any:
+    """``CheckpointPosition``, which moved to ``lightning.callbacks`` in 0.3 (so that this module,
+    which Ray Train's loaders import, does not import Lightning), for one release. Looked up by
+    name, as ``spiral_lightning._moved`` looks up the names of moved modules: the new module
+    imports this one."""
+    if name == "CheckpointPosition":
+        warnings.warn(
+            f"{__name__}.CheckpointPosition moved to spiral_lightning.lightning.callbacks; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
         )
+        return getattr(importlib.import_module("spiral_lightning.lightning.callbacks"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import default_collate
 
 from spiral_lightning.datasets.mapstyle import TableMapDataset
 from spiral_lightning.lightning.loader import Position
+from spiral_lightning.lightning.positions import log_on_rank_zero
 from spiral_lightning.planning.elastic_map import MapLineage, MapLink, ReplannedSampler
 from spiral_lightning.reading.frames import Last
 
@@ -39,7 +39,7 @@ class MapTraining:
         self.last = last
         dropped = len(dataset) - len(self.sampler) * world_size
         if dropped:
-            rank_zero_info(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
+            log_on_rank_zero(f"SpiralDataModule: access='map' leaves {dropped} rows out of each epoch for equal ranks")
 
     def prepare(self, epoch: int) -> int:
         """Draw ``epoch``'s order; the rank's batches in it."""
@@ -94,7 +94,7 @@ class MapTraining:
         link = MapLink(state["world_size"], delivered)
         dropped = self.sampler.replan(lineage.then(link, positions[0]["batches"]))
         left_out = f", leaving out {dropped} rows of it for equal ranks" if dropped else ""
-        rank_zero_info(
+        log_on_rank_zero(
             f"SpiralDataModule: re-planned access='map' epoch {epoch}, saved by {state['world_size']} ranks, for "
             f"{self.sampler.num_replicas} ranks{left_out}"
         )

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from spiral_lightning.datasets.consumer import Consumer
 from spiral_lightning.datasets.job import Layout, needs_replan
 from spiral_lightning.datasets.mapstyle import TableMapDataset
@@ -21,6 +19,14 @@ from spiral_lightning.lightning.loader import Position
 
 #: What a SpiralDataModule trains on.
 Train = TableDataset | TableMapDataset | Mixture | WindowDataset | TokenBatchDataset
+
+
+def log_on_rank_zero(message: str) -> None:
+    """Lightning's ``rank_zero_info``, imported when first needed: Ray Train's loaders import this
+    module, and a plain Ray loop should not import Lightning (2-3 s of each process's start)."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(message)
 
 
 def tables_of(dataset: TableDataset | Mixture | WindowDataset | TokenBatchDataset) -> list[Consumer]:
@@ -84,7 +90,7 @@ def replanned_position(
     if any(position is None for position in positions):
         raise ValueError("the checkpoint holds positions for some ranks only; it cannot be re-planned")
     dataset.load_elastic(consumers(state), lineage=state.get("lineage"))
-    rank_zero_info(
+    log_on_rank_zero(
         f"SpiralDataModule: re-planned epoch {dataset.epoch}, saved by {state['world_size']} ranks with "
         f"num_workers={state['num_workers']} and batch_size={state.get('batch_size', now.batch_size)}, for "
         f"{now.world_size} ranks with num_workers={now.workers} and batch_size={now.batch_size}"
