@@ -90,7 +90,7 @@ def test_an_old_module_path_still_runs_with_python_m() -> None:
 
 
 def test_checkpoint_position_is_read_from_its_old_module_with_a_warning() -> None:
-    """Moved to ``lightning.callbacks`` in 0.3, so that Ray Train's loaders start without Lightning."""
+    """Moved to ``lightning.callbacks`` in 0.2, so that Ray Train's loaders start without Lightning."""
     from spiral_lightning.lightning import callbacks, checkpoint
 
     with pytest.warns(DeprecationWarning, match=r"moved to spiral_lightning\.lightning\.callbacks"):

@@ -4,11 +4,10 @@ mid-epoch.
 
 Lightning files a DataModule's ``state_dict`` under the class's qualified name and restores it
 only into a class of that name, so a run resumed under a subclass or a renamed class would read
-its epoch from the start while the fit loop continues mid-epoch. ``CheckpointPosition`` (in
-``lightning.callbacks``; which
-the DataModule adds to the Trainer when fitting) also files the entry under ``CHECKPOINT_KEY``,
-finds it there (or by its ``ENTRY_KIND``) when Lightning did not, and refuses a mid-epoch resume
-that finds none.
+its epoch from the start while the fit loop continues mid-epoch. ``lightning.callbacks``'s
+``CheckpointPosition`` (which the DataModule adds to the Trainer when fitting) also files the
+entry under ``CHECKPOINT_KEY``, finds it there (or by its ``ENTRY_KIND``, with this module's
+``find_entry``) when Lightning did not, and refuses a mid-epoch resume that finds none.
 """
 
 from __future__ import annotations
@@ -178,7 +177,7 @@ def mid_epoch(checkpoint: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 def __getattr__(name: str) -> Any:
-    """``CheckpointPosition``, which moved to ``lightning.callbacks`` in 0.3 (so that this module,
+    """``CheckpointPosition``, which moved to ``lightning.callbacks`` in 0.2 (so that this module,
     which Ray Train's loaders import, does not import Lightning), for one release. Looked up by
     name, as ``spiral_lightning._moved`` looks up the names of moved modules: the new module
     imports this one."""

@@ -27,9 +27,10 @@ from spiral_lightning.sources import ReadBatch, Source
 #: The most work items a consumer reads at once when not told: past a few, reads mostly contend.
 MOST_READ_THREADS = 4
 
-#: The bytes of read batches a reading thread may hold beyond its ``depth`` batches: a thread
-#: ahead of the consumer's item keeps decoding instead of idling on a full queue, so threads read
-#: at once (a run of small rows is a few MB); wide rows (images) stay at ``depth`` batches.
+#: The bytes of read batches a pass may hold for each of its reading threads beyond their
+#: ``depth`` batches a queue: a thread ahead of the consumer's item keeps decoding instead of
+#: idling on a full queue, so threads read at once (a run of small rows is a few MB); wide rows
+#: (images) stay at ``depth`` batches.
 AHEAD_BYTES = 16 << 20
 
 #: The fewest stored rows a reading thread takes in one read: each read call sets up a scan (a
