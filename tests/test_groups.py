@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,11 @@ from spiral_lightning.datasets.groups import (
     Marks,
     group_size,
 )
-from spiral_lightning.reading.tensors import NullError
+from spiral_lightning.reading import blocks
+from spiral_lightning.reading.convert import group_pieces
+from spiral_lightning.reading.frames import Frame, Part
+from spiral_lightning.reading.tensors import NullError, Nulls, to_torch
+from spiral_lightning.reading.transfer import handed_on_pieces
 
 
 def test_batches_are_grouped_by_rows_and_plain_ones_are_converted_at_once(
@@ -168,6 +173,63 @@ def test_a_group_is_converted_at_once_and_its_batches_equal_those_read_in_proces
     # and the error names the row.
     with pytest.raises(NullError, match=r"column 'x' is null at parquet:.*row 5 \(position 5 of its batch\)"):
         list(TableDataset(written, batch_size=64).loader(num_workers=1))
+
+
+def shaped(shapes: list[tuple[int, int]]) -> pa.StructArray:
+    """A shaped tensor column (``data`` in C order, ``shape``) of float32 arrays of ``shapes``."""
+    offsets = np.concatenate([[0], np.cumsum([a * b for a, b in shapes])]).astype(np.int64)
+    data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.float32)))
+    return pa.StructArray.from_arrays(
+        [data, pa.array([list(s) for s in shapes], pa.list_(pa.int32(), 2))], ["data", "shape"]
+    )
+
+
+def read_batch(first: int, rows: int, shape: tuple[int, int] = (1, 3)) -> pa.RecordBatch:
+    """Rows ``first`` on of a read batch of the column kinds a group may hold: numbers, a null
+    filled and masked, booleans, fixed-size lists of float16, a permuted fixed-shape tensor (a
+    strided view), strings and a shaped tensor column of one ``shape``."""
+    ids = np.arange(first, first + rows, dtype=np.int64)
+    permuted = pa.fixed_shape_tensor(pa.int32(), [2, 3], permutation=[1, 0])
+    tensor = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 6).astype(np.int32) * 10), 6)
+    columns = {
+        "id": pa.array(ids),
+        "x": pa.array(ids.astype(np.float32), mask=ids % 7 == 3),
+        "flag": pa.array(ids % 3 == 0),
+        "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 4).astype(np.float16)), 4),
+        "t": pa.ExtensionArray.from_storage(permuted, tensor),
+        "name": pa.array([f"r{i}" for i in ids]),
+        "same": shaped([shape] * rows),
+    }
+    fields = [pa.field(name, array.type) for name, array in columns.items()]
+    fields[-1] = fields[-1].with_metadata({b"spiral_lightning.tensor": b"{}"})
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=pa.schema(fields))
+
+
+def test_a_groups_pieces_are_copied_into_one_block_as_its_rows_converted_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(blocks, "_pool", None)
+    monkeypatch.setattr(blocks, "_mapped", {})
+    chunks = [read_batch(0, 50), read_batch(50, 30), read_batch(80, 40)]
+    # Frames of 32 rows cut across the read batches (rows 10 to 106), as a consumer cuts them.
+    frames = [
+        Frame((Part(chunks[0], 10, 32),), 32),
+        Frame((Part(chunks[0], 42, 8), Part(chunks[1], 0, 24)), 32),
+        Frame((Part(chunks[1], 24, 6), Part(chunks[2], 0, 26)), 32),
+    ]
+    nulls = Nulls({"x": -1.0}, ("x",))
+    pieces = group_pieces(frames, nulls, ())
+    assert pieces is not None and [len(piece["id"]) for piece in pieces] == [40, 30, 26]
+    expected = to_torch(pa.concat_batches(chunks).slice(10, 96), nulls)
+    from_pool = blocks.pooled_joined(pieces)
+    assert from_pool is not None
+    for got in (handed_on_pieces(pieces), from_pool, ForkingPickler.loads(ForkingPickler.dumps(from_pool))):
+        assert list(got) == list(expected) and all(same(value, got[name]) for name, value in expected.items())
+    # A shaped column whose row shape changes from one read batch to the next is a list in the
+    # frame that holds both; the group is then converted frame by frame.
+    other = read_batch(50, 30, shape=(3, 1))
+    assert group_pieces([Frame((Part(chunks[0], 40, 10), Part(other, 0, 10)), 20)], nulls, ()) is None
+    assert group_pieces([Frame((Part(chunks[0], 40, 10),), 10), Frame((Part(other, 0, 10),), 10)], nulls, ()) is None
 
 
 def test_a_resumed_loader_without_persistent_workers_groups_its_next_epoch_from_the_start(

@@ -24,10 +24,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from spiral_lightning.core.state import Cursor, State
 from spiral_lightning.datasets.stuck import WatchedIterator
-from spiral_lightning.reading.convert import FrameBytes, group_tensors
+from spiral_lightning.reading.convert import FrameBytes, group_pieces
 from spiral_lightning.reading.frames import Frame
 from spiral_lightning.reading.tensors import Nulls
-from spiral_lightning.reading.transfer import handed_on_group, tensor_bytes
+from spiral_lightning.reading.transfer import handed_on_group, handed_on_pieces, tensor_bytes
 
 #: Rows a group holds at least when its batches are smaller (fewer batches a group when larger).
 #: Each group costs each side the better part of a millisecond of CPU, whatever it holds (on 2
@@ -132,7 +132,7 @@ class Grouped(IterableDataset[Any]):
     """``dataset`` (a ``TableDataset`` or a kind built on it, see ``state_now``) read by a
     DataLoader worker in groups of ``size`` batches; in the main process, its batches as they
     are. A group of plain tensor batches (``TableDataset.sliced``) is converted and copied at once,
-    and each batch is a slice of it (``convert.group_tensors``). Its state is the dataset's, and
+    and each batch is a slice of it (``convert.group_pieces``). Its state is the dataset's, and
     every other attribute is the dataset's too, so what reads a loader's dataset finds the table's
     settings."""
 
@@ -193,10 +193,10 @@ class Grouped(IterableDataset[Any]):
         def group() -> Group:
             # Where state_now is a State it is state(), which says so to the type checker.
             taken: States = Marks(dataset.state(), marks) if marked else states
-            whole = group_tensors([frame for frame, _ in frames], nulls, dataset.spec.padded)
-            if whole is None:
+            pieces = group_pieces([frame for frame, _ in frames], nulls, dataset.spec.padded)
+            if pieces is None:
                 return Group(handed_on_group([convert(frame, first) for frame, first in frames]), taken)
-            return Group(handed_on_group([whole]), taken, [frame.num_rows for frame, _ in frames])
+            return Group([handed_on_pieces(pieces)], taken, [frame.num_rows for frame, _ in frames])
 
         for frame, first in dataset.frames():
             frames.append((frame, first))

@@ -15,6 +15,7 @@ batch as before.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import threading
@@ -99,6 +100,14 @@ def _bytes(storage: torch.UntypedStorage) -> np.ndarray[Any, Any]:
 _pool: _Pool | None = None
 
 
+def _this_pool() -> _Pool:
+    """This process's pool, made at its first use (a forked process makes its own)."""
+    global _pool
+    if _pool is None or _pool.pid != os.getpid():
+        _pool = _Pool()
+    return _pool
+
+
 def pooled(batch: dict[str, Any], tensors: Iterable[torch.Tensor]) -> Pooled | None:
     """``batch`` with ``tensors`` (its tensors, each once) copied into a free block of this
     process's pool, as a dict that pickles to a small message naming the block; ``None`` when
@@ -110,37 +119,91 @@ def pooled(batch: dict[str, Any], tensors: Iterable[torch.Tensor]) -> Pooled | N
 def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch.Tensor]]) -> list[Pooled] | None:
     """``pooled`` for several batches at once, in one block: the block is free again once every
     batch of the group is gone from the receiving process. ``tensors[i]`` are batch ``i``'s."""
-    global _pool
-    if _pool is None or _pool.pid != os.getpid():
-        _pool = _Pool()
+    pool = _this_pool()
     found = [tensor for each in tensors for tensor in each]
     places, size = layout(found)
-    index = _pool.block_for(size)
+    index = pool.block_for(size)
     if index is None:
         return None
-    block = _pool.blocks[index]
+    block = pool.blocks[index]
     for tensor, slot in zip(found, places, strict=True):
-        # numpy copies with a few hundred nanoseconds of overhead, a torch view and copy_ with ten times that.
-        if tensor.dtype in _NUMPY_DTYPES:
-            block[slot.start : slot.start + slot.length] = tensor.numpy().reshape(-1).view(np.uint8)
-        else:
-            view(torch.from_numpy(block), slot).copy_(tensor)
+        _put(block, slot.start, tensor)
     slots = {id(tensor): (tensor, slot) for tensor, slot in zip(found, places, strict=True)}
-    lease = _Lease(_pool, index, size, slots)
+    lease = _Lease(pool, index, size, slots)
     sent = [Pooled(batch) for batch in batches]
     for part, each in enumerate(sent):
         each.lease, each.part, each.parts = lease, part, len(sent)
     return sent
 
 
+def pooled_joined(pieces: Sequence[dict[str, Any]]) -> Pooled | None:
+    """One batch of the rows of ``pieces`` laid end to end (see ``joined``), each tensor column
+    copied from the pieces straight into a free block of this process's pool: one copy, where
+    joining them first would add another. ``None`` when the pool has no block for it."""
+    pool = _this_pool()
+    slots, size = joined_layout(pieces)
+    index = pool.block_for(size)
+    if index is None:
+        return None
+    batch = Pooled(joined(pieces, slots, pool.blocks[index]))
+    batch.lease = _Lease(pool, index, size, {id(batch[name]): (batch[name], slot) for name, slot in slots.items()})
+    return batch
+
+
+def joined_layout(pieces: Sequence[dict[str, Any]]) -> tuple[dict[str, _Slot], int]:
+    """Where each tensor column of ``pieces`` (batches of the same columns, each tensor column of
+    one dtype and row shape) lies in one block once their rows are laid end to end, and the
+    block's size in bytes."""
+    first = pieces[0]
+    names = [name for name, value in first.items() if isinstance(value, torch.Tensor)]
+    rows = [sum(int(piece[name].shape[0]) for piece in pieces) for name in names]
+    shapes = [(first[name].dtype, (count, *first[name].shape[1:])) for name, count in zip(names, rows, strict=True)]
+    places, size = _places(shapes)
+    return dict(zip(names, places, strict=True)), size
+
+
+def joined(pieces: Sequence[dict[str, Any]], slots: dict[str, _Slot], block: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """The batch of the rows of ``pieces`` laid end to end: each tensor column of ``slots``
+    (``joined_layout``) copied piece after piece into ``block`` and viewed there, each other column
+    (a list of row values) joined into one list."""
+    whole = torch.from_numpy(block)
+    batch: dict[str, Any] = {}
+    for name in pieces[0]:
+        slot = slots.get(name)
+        if slot is None:
+            batch[name] = [value for piece in pieces for value in piece[name]]
+            continue
+        start = slot.start
+        for piece in pieces:
+            start += _put(block, start, piece[name])
+        batch[name] = view(whole, slot)
+    return batch
+
+
+def _put(block: np.ndarray[Any, Any], start: int, tensor: torch.Tensor) -> int:
+    """Copy ``tensor``'s values in C order into ``block`` from byte ``start``; their bytes."""
+    length = tensor.numel() * tensor.element_size()
+    # numpy copies with a few hundred nanoseconds of overhead, a torch view and copy_ with ten times that.
+    if tensor.dtype in _NUMPY_DTYPES:
+        block[start : start + length] = tensor.numpy().reshape(-1).view(np.uint8)
+    else:
+        torch.from_numpy(block[start : start + length]).view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    return length
+
+
 def layout(tensors: Sequence[torch.Tensor]) -> tuple[list[_Slot], int]:
     """Where each of ``tensors`` lies in one block (each start a multiple of ``ALIGN``), and the
     block's size in bytes."""
+    return _places([(tensor.dtype, tuple(tensor.shape)) for tensor in tensors])
+
+
+def _places(shapes: Sequence[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[list[_Slot], int]:
+    """``layout`` of tensors of these dtypes and shapes."""
     places = []
     size = 0
-    for tensor in tensors:
-        length = tensor.numel() * tensor.element_size()
-        places.append(_Slot(size, length, tensor.dtype, tuple(tensor.shape)))
+    for dtype, shape in shapes:
+        length = math.prod(shape) * dtype.itemsize
+        places.append(_Slot(size, length, dtype, shape))
         size += -(-length // ALIGN) * ALIGN
     return places, size
 

@@ -1,7 +1,7 @@
 """What a consumer's frames become: tensors (or what its collate makes), with errors that name the row.
 
 A frame is converted on its own (``frame_converter``) or, where a DataLoader worker sends its
-batches in groups, with the frames after it (``group_tensors``): one conversion and one copy into
+batches in groups, with the frames after it (``group_pieces``): one conversion and one copy into
 shared memory for the group instead of one of each per batch, each batch then a slice of it.
 """
 
@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import torch
 
 from spiral_lightning.core.media import Where
 from spiral_lightning.core.sequences import Padded, TooLong
@@ -59,11 +60,30 @@ def joined(frames: Sequence[Frame]) -> Frame:
     return Frame(tuple(parts), sum(frame.num_rows for frame in frames))
 
 
-def group_tensors(frames: Sequence[Frame], nulls: Nulls, padded: Sequence[Padded]) -> Batch | None:
-    """``to_torch`` of the rows of ``frames`` laid end to end, when each frame's own conversion
-    is the slice of it that holds the frame's rows (``tensors.sliceable``); else ``None``: convert
-    them one by one."""
-    return sliceable(joined(frames).rows(), nulls, padded)
+def group_pieces(frames: Sequence[Frame], nulls: Nulls, padded: Sequence[Padded]) -> list[Batch] | None:
+    """The rows of ``frames`` laid end to end, as the ``to_torch`` of each *piece* (a stretch of
+    one read batch, see ``joined``): a tensor column's pieces are the tensor of the whole group cut
+    by rows, and a list column's its list. ``None`` where a frame's own conversion would not be the
+    slice of the group's that holds its rows (``tensors.sliceable``), or a tensor column changes
+    its dtype or row shape from piece to piece: convert the frames one by one.
+
+    The pieces are views of the read batches; copied end to end into the block a worker sends
+    (``transfer.handed_on_pieces``), they cost one copy, where joining the read batches first
+    (Arrow's concat) would add another."""
+    pieces: list[Batch] = []
+    for part in joined(frames).parts:
+        piece = sliceable(part.rows.slice(part.offset, part.length), nulls, padded)
+        if piece is None:
+            return None
+        pieces.append(piece)
+    for name, value in pieces[0].items():
+        if isinstance(value, torch.Tensor):
+            row = (value.dtype, value.shape[1:])
+            if any(not isinstance(p[name], torch.Tensor) or (p[name].dtype, p[name].shape[1:]) != row for p in pieces):
+                return None
+        elif not isinstance(value, list):
+            return None
+    return pieces
 
 
 class FrameBytes:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
-from spiral_lightning.reading.blocks import layout, pooled, pooled_group, view
+from spiral_lightning.reading.blocks import joined, joined_layout, layout, pooled, pooled_group, pooled_joined, view
 
 #: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
 _BY_NAME = "file_system"
@@ -63,6 +64,18 @@ def handed_on_group(batches: list[Any]) -> list[Any]:
         if group is not None:
             return list(group)
     return [handed_on(batch) for batch in batches]
+
+
+def handed_on_pieces(pieces: list[dict[str, Any]]) -> Any:
+    """One batch of the rows of ``pieces`` laid end to end (batches of the same columns, see
+    ``convert.group_pieces``), as a DataLoader worker hands it on: its tensors copied from the
+    pieces straight into a block of the worker's pool (``blocks.pooled_joined``), else joined
+    and handed on as ``handed_on`` hands a batch on."""
+    batch = pooled_joined(pieces) if get_worker_info() is not None else None
+    if batch is not None:
+        return batch
+    slots, size = joined_layout(pieces)
+    return handed_on(joined(pieces, slots, np.empty(size, dtype=np.uint8)))
 
 
 def tensor_bytes(batch: Any) -> int:
