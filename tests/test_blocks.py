@@ -190,3 +190,11 @@ def test_a_pipe_queue_passes_messages_and_times_out_when_empty() -> None:
     pipe.cancel_join_thread()
     pipe.join_thread()
     pipe.close()
+    # A put into a closed pipe fails, unless its loader is closing: at the interpreter's exit a
+    # loader may shut its workers down after their pipes were closed.
+    closed = PIPE_CONTEXTS["forkserver"].Queue()
+    closed._writer.close()
+    with pytest.raises(OSError):
+        closed.put(None)
+    closed.closing = True
+    closed.put(None)

@@ -52,6 +52,11 @@ class PipeQueue(queues.SimpleQueue):  # type: ignore[type-arg]  # not generic at
             raise queue.Full
         try:
             self._writer.send_bytes(data)  # type: ignore[attr-defined]
+        except OSError:
+            # A closing loader's pipe may be closed already (at the interpreter's exit) or its
+            # reader gone (a dead worker): the message would only have woken it.
+            if not self.closing:
+                raise
         finally:
             lock.release()
 

@@ -327,9 +327,11 @@ class WatchedIterator(_StatefulMultiProcessingDataLoaderIter):  # type: ignore[m
 
     def _shutdown_workers(self) -> None:
         results = getattr(self, "_worker_result_queue", None)
-        if isinstance(results, PipeQueue):
-            # A worker killed mid-write holds the queue's write lock: the wake-up puts must not wait on it.
-            results.closing = True
+        for pipe in (results, *getattr(self, "_index_queues", ())):
+            if isinstance(pipe, PipeQueue):
+                # A worker killed mid-write holds the queue's write lock, and at the interpreter's
+                # exit a pipe may be closed before its loader: the wake-up puts must not wait or fail.
+                pipe.closing = True
         exiting = torch_utils.python_exit_status is not False  # torch's own test: Python is shutting down
         if self._relay_done is not None and exiting:
             self._relay_done.set()
