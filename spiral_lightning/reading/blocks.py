@@ -137,7 +137,7 @@ def pooled_group(batches: list[dict[str, Any]], tensors: Sequence[Iterable[torch
 
 
 def pooled_joined(pieces: Sequence[dict[str, Any]]) -> Pooled | None:
-    """One batch of the rows of ``pieces`` laid end to end (see ``joined``), each tensor column
+    """One batch of the rows of ``pieces`` laid end to end (see ``joined_into``), each tensor column
     copied from the pieces straight into a free block of this process's pool: one copy, where
     joining them first would add another. ``None`` when the pool has no block for it."""
     pool = _this_pool()
@@ -145,7 +145,7 @@ def pooled_joined(pieces: Sequence[dict[str, Any]]) -> Pooled | None:
     index = pool.block_for(size)
     if index is None:
         return None
-    batch = Pooled(joined(pieces, slots, pool.blocks[index]))
+    batch = Pooled(joined_into(pieces, slots, pool.blocks[index]))
     batch.lease = _Lease(pool, index, size, {id(batch[name]): (batch[name], slot) for name, slot in slots.items()})
     return batch
 
@@ -162,7 +162,9 @@ def joined_layout(pieces: Sequence[dict[str, Any]]) -> tuple[dict[str, _Slot], i
     return dict(zip(names, places, strict=True)), size
 
 
-def joined(pieces: Sequence[dict[str, Any]], slots: dict[str, _Slot], block: np.ndarray[Any, Any]) -> dict[str, Any]:
+def joined_into(
+    pieces: Sequence[dict[str, Any]], slots: dict[str, _Slot], block: np.ndarray[Any, Any]
+) -> dict[str, Any]:
     """The batch of the rows of ``pieces`` laid end to end: each tensor column of ``slots``
     (``joined_layout``) copied piece after piece into ``block`` and viewed there, each other column
     (a list of row values) joined into one list."""

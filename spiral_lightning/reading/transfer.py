@@ -16,7 +16,15 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import get_worker_info
 
-from spiral_lightning.reading.blocks import joined, joined_layout, layout, pooled, pooled_group, pooled_joined, view
+from spiral_lightning.reading.blocks import (
+    joined_into,
+    joined_layout,
+    layout,
+    pooled,
+    pooled_group,
+    pooled_joined,
+    view,
+)
 
 #: torch's sharing strategy that names a shared-memory block instead of passing its descriptor.
 _BY_NAME = "file_system"
@@ -75,7 +83,7 @@ def handed_on_pieces(pieces: list[dict[str, Any]]) -> Any:
     if batch is not None:
         return batch
     slots, size = joined_layout(pieces)
-    return handed_on(joined(pieces, slots, np.empty(size, dtype=np.uint8)))
+    return handed_on(joined_into(pieces, slots, np.empty(size, dtype=np.uint8)))
 
 
 def tensor_bytes(batch: Any) -> int:
