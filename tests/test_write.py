@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from spiral_lightning import TableDataset, write_table
 
@@ -47,3 +48,42 @@ def test_what_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
         write_table(f"parquet:{tmp_path / 'c'}", [pa.record_batch({"id": [1]}), {"id": [2]}])
     with pytest.raises(TypeError, match="or an iterable of RecordBatches, not int"):
         write_table(f"parquet:{tmp_path / 'd'}", 3)  # type: ignore[arg-type]
+
+
+def test_parquet_float_columns_are_written_plain_and_the_others_with_a_dictionary_and_snappy(tmp_path: Path) -> None:
+    rows = 2_000
+    tensor = pa.fixed_shape_tensor(pa.float16(), [2, 2])
+    data = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "x": pa.array([row / 3 for row in range(rows)], pa.float32()),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array([row / 7 for row in range(rows * 4)], pa.float64()), 4),
+            "ragged": pa.array([[0.5] * (row % 3) for row in range(rows)], pa.list_(pa.float32())),
+            "t": pa.ExtensionArray.from_storage(
+                tensor, pa.FixedSizeListArray.from_arrays(pa.array([1.0] * rows * 4, pa.float16()), 4)
+            ),
+            "name": pa.array([f"n{row % 5}" for row in range(rows)]),
+            "tokens": pa.array([[row, row + 1] for row in range(rows)], pa.list_(pa.int32())),
+        }
+    )
+    spec = write_table(f"parquet:{tmp_path / 't'}", data, split_rows=500)
+    (path,) = [file.path for file in spec.files or ()]
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    written = {
+        group.column(i).path_in_schema.split(".")[0]: (group.column(i).compression, group.column(i).has_dictionary_page)
+        for i in range(group.num_columns)
+    }
+    plain, packed = ("UNCOMPRESSED", False), ("SNAPPY", True)
+    assert written == {
+        "id": packed,
+        "x": plain,
+        "emb": plain,
+        "ragged": plain,
+        "t": plain,
+        "name": packed,
+        "tokens": packed,
+    }
+    # Every value reads back as written, in the column's type.
+    assert pq.read_table(path).equals(data)
+    got = next(iter(TableDataset(spec, batch_size=2_000)))
+    assert got["emb"].dtype == torch.float64 and got["emb"][1].tolist() == [4 / 7, 5 / 7, 6 / 7, 1.0]
