@@ -1,8 +1,9 @@
 """What a consumer's frames become: tensors (or what its collate makes), with errors that name the row.
 
 A frame is converted on its own (``frame_converter``) or, where a DataLoader worker sends its
-batches in groups, with the frames after it (``group_pieces``): one conversion and one copy into
-shared memory for the group instead of one of each per batch, each batch then a slice of it.
+batches in groups, with the frames after it (``group_pieces``): the group is converted stretch by
+stretch of its read batches and copied once into shared memory, instead of a conversion and a
+copy per batch, each batch then a slice of it.
 """
 
 from __future__ import annotations
