@@ -331,9 +331,7 @@ class ParquetSource:
         # Pages written with a CRC (write_table writes one) are checked; others are read as they are.
         if pending is None:
             opened = self._checked(file, lambda: files.open(file))
-            # A local file's column chunks are read as they are decoded: buffering them first
-            # costs a pass over the bytes and Arrow's I/O threads, and saves no request.
-            return pq.ParquetFile(opened, metadata=footer, page_checksum_verification=True, pre_buffer=False)
+            return pq.ParquetFile(opened, metadata=footer, page_checksum_verification=True)
         planned = self._planned[file]
         fetched = Fetched(planned.path, planned.size, pending.spans, self._bytes(pending))
         return pq.ParquetFile(pa.PythonFile(fetched, mode="r"), metadata=footer, page_checksum_verification=True)
@@ -386,11 +384,7 @@ class ParquetSource:
         file, group = self._groups[item.split]
         row = 0
         stored = self._lake.columns_in(file, schema.names)
-        # Arrow decodes a row group's columns on threads of its own only for a read that runs
-        # alone (one stream, fetching ahead): beside the consumer's reading threads they only
-        # add hand-offs, about a sixth of the rate on 2 cores.
-        alone = pending is not None and not self._cached_whole
-        batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored, use_threads=alone)
+        batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored)
         while (batch := self._decoded(file, group, lambda: next(batches, None), pending)) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
