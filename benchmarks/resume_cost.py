@@ -12,7 +12,8 @@ row group is, where a seek itself costs more the further into the split it goes.
 A *save point* is the state after ``fraction`` of the epoch's batches (5%, 50%, 95%), taken in one
 pass per path. A *resume* is the time from handing a fresh dataset (or loader) its saved state to
 holding the first batch after it, checked to start at the row after the save; it is the median of
-``--repeats`` resumes. Each path's iterator is closed after the clock stops: a resumed job goes on
+``--repeats`` turns, in each of which every path resumes once at every point, each turn starting at
+another path. Each path's iterator is closed after the clock stops: a resumed job goes on
 reading, so stopping the reads ahead of a batch dropped at once (a join of up to a read) is no part
 of its resume. The paths:
 
@@ -46,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
+from throughput import in_turns
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -171,20 +173,31 @@ def through_loader(make: Callable[[], IterableDataset[Any]], saves: list[int]) -
     return {delivered: restore(state) for delivered, state in states.items()}
 
 
-def median_resume(first: Resume, expected_id: int, repeats: int) -> float:
-    """Median seconds of ``repeats`` resumes, each checked to start at ``expected_id``; each
-    resume's iterator is closed, and collected, before the next one starts its clock."""
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        batch, batches = first()
-        times.append(time.perf_counter() - began)
-        if first_id(batch) != expected_id:
-            raise AssertionError(f"resumed at id {first_id(batch)}, not {expected_id}")
-        getattr(batches, "close", lambda: None)()
-        del batch, batches
-        gc.collect()
-    return statistics.median(times)
+def one_resume(first: Resume, expected_id: int) -> float:
+    """Seconds of one resume, checked to start at ``expected_id``; its iterator is closed, and
+    collected, after the clock stops."""
+    began = time.perf_counter()
+    batch, batches = first()
+    seconds = time.perf_counter() - began
+    if first_id(batch) != expected_id:
+        raise AssertionError(f"resumed at id {first_id(batch)}, not {expected_id}")
+    getattr(batches, "close", lambda: None)()
+    del batch, batches
+    gc.collect()
+    return seconds
+
+
+def median_resumes(paths: dict[str, dict[int, Resume]], saves: list[int], repeats: int) -> dict[str, list[float]]:
+    """Each path's median seconds at each save point over ``repeats`` turns: in a turn every path
+    resumes once at every point, each turn starting at another path, so that load from elsewhere
+    falls on all of them alike."""
+    names = list(paths)
+    times: dict[str, dict[int, list[float]]] = {name: {save: [] for save in saves} for name in names}
+    for turn in range(repeats):
+        for name in in_turns(names, turn):
+            for save in saves:
+                times[name][save].append(one_resume(paths[name][save], save * BATCH_SIZE))
+    return {name: [statistics.median(times[name][save]) for save in saves] for name in names}
 
 
 def report(seconds: dict[str, list[float]], saves: list[int], rows: int, split_rows: int, repeats: int) -> str:
@@ -279,11 +292,7 @@ def measure(parent: Path, rows: int, split_rows: int, repeats: int) -> str:
             lambda: PlainBatches(parquet_root), saves
         ),
     }
-    seconds = {
-        name: [median_resume(restores[save], save * BATCH_SIZE, repeats) for save in saves]
-        for name, restores in paths.items()
-    }
-    return report(seconds, saves, rows, split_rows, repeats)
+    return report(median_resumes(paths, saves, repeats), saves, rows, split_rows, repeats)
 
 
 if __name__ == "__main__":

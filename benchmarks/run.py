@@ -236,7 +236,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "resume_cost",
-        ["--repeats", "3"],
+        ["--repeats", "5"],
         [
             Target(
                 "TableDataset resume at 95% <= 1.5x at 5% (seek)", r"^`TableDataset`", "95% / 5%", 1.5, at_least=False
