@@ -28,8 +28,8 @@ the same column in process and delivers every token once:
   places the separators.
 
 Tokens/s counts the tokens delivered in blocks; the ratio is against the raw scan (target:
-``PackedDataset`` with its defaults at least 0.7x). Each path is timed ``--repeats`` times, best
-run kept.
+``PackedDataset`` with its defaults at least 0.7x). Each path is timed ``--repeats`` times, the paths
+taking turns, and its best run kept.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import spiral
 import torch
+from throughput import in_turns
 
 from spiral_lightning import PackedDataset, TableSpec, write_table
 
@@ -56,8 +56,6 @@ from spiral_lightning import PackedDataset, TableSpec, write_table
 TARGET = 0.7
 #: The separator token the separator path puts after each document.
 SEPARATOR = 0
-
-T = TypeVar("T")
 
 
 def documents(tokens: int, split_rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
@@ -164,14 +162,18 @@ def packed(dataset: PackedDataset) -> int:
     return sum(batch["tokens"].numel() for batch in dataset)
 
 
-def best(path: Callable[[], T], repeats: int) -> tuple[float, T]:
-    """The fastest of ``repeats`` passes, in seconds, and what it delivered (the tokens, a tally)."""
-    timed = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        delivered = path()
-        timed.append((time.perf_counter() - began, delivered))
-    return min(timed, key=lambda run: run[0])
+def rates_in_turns(paths: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
+    """Each path's tokens a second in its fastest of ``repeats`` passes (a pass returns the tokens
+    it delivered), the paths taking turns, each turn starting at another path, so that load from
+    elsewhere falls on all of them alike."""
+    fastest = dict.fromkeys(paths, float("inf"))
+    delivered = dict.fromkeys(paths, 0)
+    for turn in range(repeats):
+        for name in in_turns(list(paths), turn):
+            began = time.perf_counter()
+            delivered[name] = paths[name]()
+            fastest[name] = min(fastest[name], time.perf_counter() - began)
+    return {name: delivered[name] / fastest[name] for name in paths}
 
 
 def main() -> None:
@@ -207,10 +209,7 @@ def main() -> None:
             "`PackedDataset(read_ahead=0)`": lambda: packed(in_line),
             f"`PackedDataset(separator={SEPARATOR})`": lambda: packed(separated),
         }
-        rates = {}
-        for name, path in paths.items():
-            seconds, delivered = best(path, args.repeats)
-            rates[name] = delivered / seconds
+        rates = rates_in_turns(paths, args.repeats)
         raw = rates["raw scan, flattened to one numpy array"]
         print(
             f"{total:,} tokens in documents of 1-2,000 tokens, splits of {args.split_rows:,} documents; blocks of "

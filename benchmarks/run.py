@@ -321,7 +321,7 @@ BENCHMARKS = [
     ),
     Benchmark(
         "packing",
-        ["--repeats", "2"],
+        ["--repeats", "5"],
         [
             Target(
                 "`PackedDataset` (its defaults) >= 0.7x a raw scan of the token column flattened to numpy",
