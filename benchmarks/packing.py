@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +57,8 @@ from spiral_lightning import PackedDataset, TableSpec, write_table
 TARGET = 0.7
 #: The separator token the separator path puts after each document.
 SEPARATOR = 0
+
+T = TypeVar("T")
 
 
 def documents(tokens: int, split_rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
@@ -162,18 +165,19 @@ def packed(dataset: PackedDataset) -> int:
     return sum(batch["tokens"].numel() for batch in dataset)
 
 
-def rates_in_turns(paths: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
-    """Each path's tokens a second in its fastest of ``repeats`` passes (a pass returns the tokens
-    it delivered), the paths taking turns, each turn starting at another path, so that load from
+def fastest_in_turns(paths: dict[str, Callable[[], T]], repeats: int) -> dict[str, tuple[float, T]]:
+    """Each path's fastest of ``repeats`` passes, in seconds, and what that pass delivered (the
+    tokens, a tally), the paths taking turns, each turn starting at another path, so that load from
     elsewhere falls on all of them alike."""
-    fastest = dict.fromkeys(paths, float("inf"))
-    delivered = dict.fromkeys(paths, 0)
+    fastest: dict[str, tuple[float, T]] = {}
     for turn in range(repeats):
         for name in in_turns(list(paths), turn):
             began = time.perf_counter()
-            delivered[name] = paths[name]()
-            fastest[name] = min(fastest[name], time.perf_counter() - began)
-    return {name: delivered[name] / fastest[name] for name in paths}
+            delivered = paths[name]()
+            seconds = time.perf_counter() - began
+            if name not in fastest or seconds < fastest[name][0]:
+                fastest[name] = (seconds, delivered)
+    return fastest
 
 
 def main() -> None:
@@ -209,7 +213,7 @@ def main() -> None:
             "`PackedDataset(read_ahead=0)`": lambda: packed(in_line),
             f"`PackedDataset(separator={SEPARATOR})`": lambda: packed(separated),
         }
-        rates = rates_in_turns(paths, args.repeats)
+        rates = {name: tokens / seconds for name, (seconds, tokens) in fastest_in_turns(paths, args.repeats).items()}
         raw = rates["raw scan, flattened to one numpy array"]
         print(
             f"{total:,} tokens in documents of 1-2,000 tokens, splits of {args.split_rows:,} documents; blocks of "

@@ -20,7 +20,7 @@ one pass:
 Tokens/s counts document tokens delivered (padding and separators not counted); the ratio is
 against the raw scan. The padding share is the padded positions over all positions of the padded
 batches (target: ``TokenBatchDataset`` padded, with grouping, under 10%). Each path is timed
-``--repeats`` times, best run kept.
+``--repeats`` times, the paths taking turns, and its best run kept.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from packing import best, open_table, raw_flat
+from packing import fastest_in_turns, open_table, raw_flat
 
 from spiral_lightning import PackedDataset, Padded, TableDataset, TableSpec, TokenBatchDataset, TokenBudget, write_table
 
@@ -113,7 +113,7 @@ def main() -> None:
         # Fixed rows as many as a budget batch holds on average, so both deliver as many batches.
         counted = budgeted(grouped)
         rows = max(1, round(len(raw_lengths(table)) / max(1, counted.batches)))
-        padded_spec = TableSpec(spec.uri, padded=[Padded("tokens")])
+        padded_spec = TableSpec(spec.uri, padded=(Padded("tokens"),))
         blocks = max(1, args.max_tokens // args.length)
         through_workers = TokenBatchDataset(spec, budget=budget).loader(num_workers=2)
         paths: dict[str, Callable[[], Pass]] = {
@@ -131,7 +131,7 @@ def main() -> None:
                 TokenBatchDataset(spec, budget=TokenBudget("tokens", max_tokens=args.max_tokens, form="flat"))
             ),
         }
-        timed = {name: best(path, args.repeats) for name, path in paths.items()}
+        timed = fastest_in_turns(paths, args.repeats)
     floor = timed["raw scan, flattened to one numpy array"]
     floor_rate = floor[1].tokens / floor[0]
     print(f"{args.tokens:,} tokens (about), documents of 10-2,000 tokens, budget {args.max_tokens:,} tokens a batch")
