@@ -43,13 +43,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import spiral
 import torch
-from throughput import in_turns
+from throughput import fastest_in_turns
 
 from spiral_lightning import PackedDataset, TableSpec, write_table
 
@@ -57,8 +56,6 @@ from spiral_lightning import PackedDataset, TableSpec, write_table
 TARGET = 0.7
 #: The separator token the separator path puts after each document.
 SEPARATOR = 0
-
-T = TypeVar("T")
 
 
 def documents(tokens: int, split_rows: int, seed: int = 0) -> Iterator[pa.RecordBatch]:
@@ -163,21 +160,6 @@ def litdata_blocks(copy: Path, length: int, batch_size: int) -> int:
 
 def packed(dataset: PackedDataset) -> int:
     return sum(batch["tokens"].numel() for batch in dataset)
-
-
-def fastest_in_turns(paths: dict[str, Callable[[], T]], repeats: int) -> dict[str, tuple[float, T]]:
-    """Each path's fastest of ``repeats`` passes, in seconds, and what that pass delivered (the
-    tokens, a tally), the paths taking turns, each turn starting at another path, so that load from
-    elsewhere falls on all of them alike."""
-    fastest: dict[str, tuple[float, T]] = {}
-    for turn in range(repeats):
-        for name in in_turns(list(paths), turn):
-            began = time.perf_counter()
-            delivered = paths[name]()
-            seconds = time.perf_counter() - began
-            if name not in fastest or seconds < fastest[name][0]:
-                fastest[name] = (seconds, delivered)
-    return fastest
 
 
 def main() -> None:

@@ -90,6 +90,21 @@ def in_turns(settings: Sequence[T], turn: int) -> list[T]:
     return [*settings[shift:], *settings[:shift]]
 
 
+def fastest_in_turns(paths: dict[str, Callable[[], T]], repeats: int) -> dict[str, tuple[float, T]]:
+    """Each path's fastest of ``repeats`` passes, in seconds, and what that pass delivered (the
+    tokens, a tally), the paths taking turns, each turn starting at another path, so that load from
+    elsewhere falls on all of them alike."""
+    fastest: dict[str, tuple[float, T]] = {}
+    for turn in range(repeats):
+        for name in in_turns(list(paths), turn):
+            began = time.perf_counter()
+            delivered = paths[name]()
+            seconds = time.perf_counter() - began
+            if name not in fastest or seconds < fastest[name][0]:
+                fastest[name] = (seconds, delivered)
+    return fastest
+
+
 def consume(batches: Iterable[dict[str, Any]]) -> int:
     """The rows of ``batches``, each column checked to be a tensor of the batch's rows."""
     total = 0

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from packing import fastest_in_turns, open_table, raw_flat
+from packing import open_table, raw_flat
+from throughput import fastest_in_turns
 
 from spiral_lightning import PackedDataset, Padded, TableDataset, TableSpec, TokenBatchDataset, TokenBudget, write_table
 
