@@ -66,6 +66,7 @@ from spiral_lightning.sources.parquet_files import (
     version,
 )
 from spiral_lightning.sources.parquet_lake import Lake, arrow_filter, partition_root
+from spiral_lightning.sources.parquet_pages import RowGroups
 from spiral_lightning.sources.parquet_write import write
 from spiral_lightning.sources.protocol import ReadBatch, Take
 from spiral_lightning.sources.retry import Retry, ShortRead, passing
@@ -324,17 +325,16 @@ class ParquetSource:
             self._cache.put(pending.key, bytes(data))
         return data
 
-    def _row_group(self, files: PassFiles, pending: Pending | None, file: int, columns: list[str]) -> pq.ParquetFile:
-        """File ``file`` as a Parquet reader that reads ``pending``'s row group without a request
-        (an object store), or the local file itself."""
-        footer = self._footer(file)
-        # Pages written with a CRC (write_table writes one) are checked; others are read as they are.
+    def _row_group(self, files: PassFiles, pending: Pending | None, file: int, columns: list[str]) -> RowGroups:
+        """File ``file``'s row groups, read from ``pending``'s bytes without a request (an object
+        store), or from the local file itself."""
         if pending is None:
-            opened = self._checked(file, lambda: files.open(file))
-            return pq.ParquetFile(opened, metadata=footer, page_checksum_verification=True)
-        planned = self._planned[file]
-        fetched = Fetched(planned.path, planned.size, pending.spans, self._bytes(pending))
-        return pq.ParquetFile(pa.PythonFile(fetched, mode="r"), metadata=footer, page_checksum_verification=True)
+            source = self._checked(file, lambda: files.open(file))
+        else:
+            planned = self._planned[file]
+            source = pa.PythonFile(Fetched(planned.path, planned.size, pending.spans, self._bytes(pending)), mode="r")
+        # Pages written with a CRC (write_table writes one) are checked; others are read as they are.
+        return RowGroups(pq.ParquetFile(source, metadata=self._footer(file), page_checksum_verification=True), source)
 
     @property
     def fetches_ahead(self) -> bool:
@@ -349,7 +349,7 @@ class ParquetSource:
 
     def _groups_ahead(
         self, items: Sequence[WorkItem], columns: list[str], files: PassFiles
-    ) -> Iterator[tuple[int, WorkItem, pq.ParquetFile, Pending | None]]:
+    ) -> Iterator[tuple[int, WorkItem, RowGroups, Pending | None]]:
         """Each item with a reader of its row group, and an object store's bytes of it, kept
         ``prefetch`` row groups ahead of the item being read."""
         if not self._location.remote:
@@ -377,14 +377,14 @@ class ParquetSource:
                     part.cancel()
 
     def _batches(
-        self, item: WorkItem, reader: pq.ParquetFile, pending: Pending | None, schema: pa.Schema
+        self, item: WorkItem, reader: RowGroups, pending: Pending | None, schema: pa.Schema
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Stored rows ``start..end`` of ``item`` read as ``schema``'s columns, each batch with the
         stored row after it. Rows before ``start`` in the row group are decoded but never returned."""
         file, group = self._groups[item.split]
         row = 0
         stored = self._lake.columns_in(file, schema.names)
-        batches = reader.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=stored)
+        batches = reader.batches(group, stored, _READ_ROWS)
         while (batch := self._decoded(file, group, lambda: next(batches, None), pending)) is not None:
             first, row = row, row + batch.num_rows
             if row <= item.start:
@@ -418,7 +418,7 @@ class ParquetSource:
         stored = self._lake.columns_in(file, schema.names)
         pending = self._fetch(lambda: files.open(file), file, group, stored) if self._location.remote else None
         reader = self._row_group(files, pending, file, stored)
-        read = self._decoded(file, group, lambda: reader.read_row_group(group, columns=stored), pending)
+        read = self._decoded(file, group, lambda: reader.read(group, stored), pending)
         return self._lake.conform(file, read, schema)
 
     def kept(self, split: int) -> np.ndarray:
