@@ -131,6 +131,14 @@ def test_pages_that_are_not_plain_list_pages_are_left_to_arrow(
     assert pa.Table.from_batches(read(path, ["id", "v"], 700)).equals(pq.read_table(path))
 
 
+def test_a_page_of_more_rows_than_this_pyarrow_writes_to_a_page_is_left_to_arrow(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    table = lists(30_000, 1, pa.float32())
+    pq.write_table(table, path, data_page_size=1 << 30, max_rows_per_page=30_000, **PLAIN)
+    assert decoded(path, 0) is None
+    assert pa.Table.from_batches(read(path, ["id", "v"], 65_536)).equals(table)
+
+
 def test_a_list_page_whose_crc_fails_is_refused_by_arrow_naming_the_row_group(tmp_path: Path) -> None:
     spec = write_table(f"parquet:{tmp_path / 't'}", lists(4000, 16, pa.float32()), split_rows=1000)
     (path,) = [file.path for file in spec.files or ()]

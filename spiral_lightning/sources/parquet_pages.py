@@ -126,17 +126,15 @@ def fixed_lists(parquet: pq.ParquetFile, columns: Sequence[str]) -> dict[str, Fi
 def _levels(list_type: pa.FixedSizeListType, nullable: bool, values: int) -> bytes | None:
     """Both level sections of a plain list page of ``values`` values of ``list_type``, as Arrow's
     writer writes them (lengths and RLE runs, which depend on the count and nullability alone);
-    None where that writer would not put them in one page."""
+    None where that writer would not put them in one page (pyarrow caps a page's rows, at 20,000 in
+    version 26), so that a file's page past the cap is left to Arrow."""
     zeros = pa.array(np.zeros(values, dtype=list_type.value_type.to_pandas_dtype()))
     table = pa.table(
         [pa.FixedSizeListArray.from_arrays(zeros, type=list_type)],
         schema=pa.schema([pa.field("v", list_type, nullable)]),
     )
     sink = io.BytesIO()
-    rows = values // list_type.list_size
-    pq.write_table(
-        table, sink, compression="none", use_dictionary=False, data_page_size=1 << 30, max_rows_per_page=rows + 1
-    )
+    pq.write_table(table, sink, compression="none", use_dictionary=False, data_page_size=1 << 30)
     data = memoryview(sink.getvalue())
     reader = _Compact(data, pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).column(0).data_page_offset)
     page = reader.struct().get(_DATA)
