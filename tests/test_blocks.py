@@ -8,9 +8,14 @@ import gc
 import os
 import queue
 import signal
+import subprocess
+import sys
+import threading
+import weakref
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -198,3 +203,28 @@ def test_a_pipe_queue_passes_messages_and_times_out_when_empty() -> None:
         closed.put(None)
     closed.closing = True
     closed.put(None)
+
+
+def test_a_loader_finalized_while_a_batch_is_received_forgets_its_workers_without_a_deadlock() -> None:
+    # CI hung here once: `_received` held the lock, a collection finalized an older loader's
+    # iterator, and its shutdown's `forget` waited for that lock on the same thread. Finalizers run
+    # synchronously when the last reference goes, as this one does inside the lock.
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    blocks._mapped["dead-worker"] = blocks._Mapped(finished.pid, np.zeros(4, dtype=np.uint8))
+
+    class Iterator:
+        pass
+
+    def receive() -> None:
+        with blocks._mapped_lock:
+            collected = Iterator()
+            weakref.finalize(collected, blocks.forget, [finished.pid])
+            del collected
+            blocks._forget_dead()
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "forget waited for a lock its own thread held"
+    assert "dead-worker" not in blocks._mapped

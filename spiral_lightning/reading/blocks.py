@@ -296,7 +296,9 @@ class _Mapped:
 
 
 _mapped: dict[str, _Mapped] = {}
-_mapped_lock = threading.Lock()
+# Reentrant: a loader's iterator the garbage collector finalizes while this thread holds the lock
+# (any allocation in `_received` may run a collection) shuts its workers down through `forget`.
+_mapped_lock = threading.RLock()
 #: The array of a group's block while its batches are unpickled, by pool token and block.
 _group_leases: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
 
@@ -360,7 +362,7 @@ def forget(pids: Iterable[int]) -> None:
     gone = set(pids)
     with _mapped_lock:
         for token in [token for token, mapped in _mapped.items() if mapped.pid in gone]:
-            del _mapped[token]
+            _mapped.pop(token, None)
         _forget_dead()
 
 
@@ -370,6 +372,6 @@ def _forget_dead() -> None:
         try:
             os.kill(mapped.pid, 0)
         except ProcessLookupError:
-            del _mapped[token]
+            _mapped.pop(token, None)  # a finalizer run meanwhile may have forgotten it first
         except PermissionError:
             pass
