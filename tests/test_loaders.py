@@ -128,6 +128,10 @@ def test_the_forkserver_imports_what_a_worker_unpickles(make_table: Callable[...
     dataset = TableDataset(spec, batch_size=5, transform=with_double)
     found = referenced_modules(dataset)
     assert {"spiral_lightning.datasets.table", "tests.test_loaders"} <= set(found)
+    # The backend that opens the table in the worker, which no pickled class names.
+    assert "spiral_lightning.sources.spiral" in found
+    parquet = TableDataset(make_table([10], backend="parquet", columns=["id"]), batch_size=5)
+    assert "spiral_lightning.sources.parquet" in referenced_modules(parquet)
     assert referenced_modules(lambda batch: batch) == []
     loader = dataset.loader(num_workers=1)
     preload = multiprocessing.forkserver._forkserver._preload_modules  # type: ignore[attr-defined]

@@ -45,8 +45,9 @@ def register(scheme: str, module: str) -> None:
     BACKENDS[scheme] = module
 
 
-def backend(uri: str) -> Backend:
-    """The backend module that reads ``uri``; ``ValueError`` naming the known schemes otherwise."""
+def module_name(uri: str) -> str:
+    """The dotted path of the backend module that reads ``uri``, not imported; ``ValueError``
+    naming the known schemes where none does."""
     scheme = uri.split(":", 1)[0]
     name = BACKENDS.get(scheme)
     if name is None:
@@ -55,5 +56,10 @@ def backend(uri: str) -> Backend:
             known = ", ".join(f"'{known}:'" for known in sorted(BACKENDS))
             raise ValueError(f"unknown table scheme {scheme!r} in {uri!r}; spiral-lightning reads {known}")
         name = BACKENDS[scheme] = found[0]
-    module: Backend = importlib.import_module(name)
+    return name
+
+
+def backend(uri: str) -> Backend:
+    """The backend module that reads ``uri``; ``ValueError`` naming the known schemes otherwise."""
+    module: Backend = importlib.import_module(module_name(uri))
     return module
