@@ -100,7 +100,12 @@ def test_an_error_of_the_reading_thread_reaches_the_consumer(tmp_path: Path, thr
     assert not reader_threads()
 
 
-def test_threads_read_items_at_once_in_the_order_of_the_work_list(make_table: Callable[..., TableSpec]) -> None:
+def test_threads_read_items_at_once_in_the_order_of_the_work_list(
+    make_table: Callable[..., TableSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Queues bounded by their count of batches alone: a thread whose run fits in the byte budget
+    # could read it whole and end before the first batch is taken, and the count below would race.
+    monkeypatch.setattr(ahead, "AHEAD_BYTES", 1)
     spec = make_table([3000] * 8, columns=["id"])
     dataset = TableDataset(spec, batch_size=1000, read_threads=3, policy=Shuffled(seed=1, block_rows=1000))
     in_line = TableDataset(spec, batch_size=1000, read_ahead=0, policy=dataset.policy)
@@ -114,8 +119,12 @@ def test_threads_read_items_at_once_in_the_order_of_the_work_list(make_table: Ca
 
 
 def test_a_pass_left_early_ends_its_thread_and_two_passes_read_side_by_side(
-    make_table: Callable[..., TableSpec],
+    make_table: Callable[..., TableSpec], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each run is 4 read batches, more than read_ahead=2 holds once bytes do not count: both
+    # threads still wait to put theirs after the first batch (within the byte budget, a run could
+    # be read whole and its thread ended by then; a clean-clone run once saw 1 thread of 2).
+    monkeypatch.setattr(ahead, "AHEAD_BYTES", 1)
     spec = make_table([30000, 30000], columns=["id"])
     dataset = TableDataset(spec, batch_size=1000, read_ahead=2, read_threads=2)
     left = iter(dataset)
