@@ -95,8 +95,8 @@ class _Compact:
 
 @dataclass(frozen=True)
 class FixedList:
-    """A column of fixed-size lists whose pages may be plain list pages: its Arrow type, and the
-    index of its one leaf among the file's Parquet columns."""
+    """A column of fixed-size lists whose pages may be plain list pages: its Arrow type and
+    nullability, and the index of its one leaf among the file's Parquet columns."""
 
     type: pa.FixedSizeListType
     nullable: bool
