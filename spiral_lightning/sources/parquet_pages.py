@@ -95,11 +95,10 @@ class _Compact:
 
 @dataclass(frozen=True)
 class FixedList:
-    """A column of fixed-size lists whose pages may be plain list pages: its Arrow type and
-    nullability, and the index of its one leaf among the file's Parquet columns."""
+    """A column of fixed-size lists whose pages may be plain list pages: its Arrow field (a
+    ``pa.FixedSizeListType``), and the index of its one leaf among the file's Parquet columns."""
 
-    type: pa.FixedSizeListType
-    nullable: bool
+    field: pa.Field
     leaf: int
 
 
@@ -118,7 +117,7 @@ def fixed_lists(parquet: pq.ParquetFile, columns: Sequence[str]) -> dict[str, Fi
             isinstance(field.type, pa.FixedSizeListType)
             and _PHYSICAL.get(field.type.value_type) == column.physical_type
         ):
-            found[name] = FixedList(field.type, field.nullable, leaf)
+            found[name] = FixedList(field, leaf)
     return found
 
 
@@ -149,7 +148,7 @@ def _levels(list_type: pa.FixedSizeListType, nullable: bool, values: int) -> byt
 def plain_values(chunk: pa.Buffer, column: FixedList, rows: int) -> pa.Array | None:
     """The lists of a column chunk (its bytes ``chunk``) of ``rows`` rows, or None unless every
     page is a plain list page whose checksum, where it has one, matches."""
-    list_type = column.type
+    list_type = column.field.type
     dtype = np.dtype(list_type.value_type.to_pandas_dtype())
     total = rows * list_type.list_size
     # Arrow's memory pool keeps freed blocks for the next row group, where a fresh numpy array of
@@ -174,7 +173,7 @@ def plain_values(chunk: pa.Buffer, column: FixedList, rows: int) -> pa.Array | N
                 or not 0 < count <= total - values
             ):
                 return None
-            levels = _levels(list_type, column.nullable, count)
+            levels = _levels(list_type, column.field.nullable, count)
             body = data[reader.position : reader.position + size]
             if levels is None or size != len(levels) + count * dtype.itemsize or bytes(body[: len(levels)]) != levels:
                 return None
@@ -203,26 +202,25 @@ class RowGroups:
         """``columns`` of row group ``group`` in batches of ``batch_rows`` rows, as Arrow's
         ``iter_batches`` gives them; columns whose every page is a plain list page decoded here."""
         metadata = self.parquet.metadata.row_group(group)
-        lists = {}
+        lists: dict[str, tuple[pa.Field, pa.Array]] = {}
         for name, fixed in fixed_lists(self.parquet, columns).items():
             chunk = metadata.column(fixed.leaf)
             if chunk.compression != "UNCOMPRESSED" or chunk.has_dictionary_page:
                 continue
             data = self.source.read_at(chunk.total_compressed_size, chunk.data_page_offset)
             if (decoded := plain_values(data, fixed, metadata.num_rows)) is not None:
-                lists[name] = decoded
+                lists[name] = fixed.field, decoded
         rest = [name for name in columns if name not in lists]
         batches = self.parquet.iter_batches(batch_size=batch_rows, row_groups=[group], columns=rest)
         if not lists:
             yield from batches
             return
-        schema = self.parquet.schema_arrow
         row = 0
         for batch in batches:
             arrays = [
-                lists[name].slice(row, batch.num_rows) if name in lists else batch.column(name) for name in columns
+                lists[name][1].slice(row, batch.num_rows) if name in lists else batch.column(name) for name in columns
             ]
-            fields = [schema.field(name) if name in lists else batch.schema.field(name) for name in columns]
+            fields = [lists[name][0] if name in lists else batch.schema.field(name) for name in columns]
             yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
             row += batch.num_rows
 
